@@ -1,0 +1,3 @@
+from posttrainllm.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""``posttrainllm`` on the command line: ``posttrainllm study status|fill|check``, ``posttrainllm coverage``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from posttrainllm import coverage, study
+
+
+def _status(args: argparse.Namespace) -> int:
+    topics = study.load(args.file)
+    filled = sum(t.filled for t in topics)
+    print(f"{filled} of {len(topics)} topics have a 'Why here' ({len(topics) - filled} TBD)\n")
+    for topic in topics:
+        mark = "filled" if topic.filled else "TBD   "
+        print(f"[{mark}] {topic.name}")
+        for label, target in topic.taught_in:
+            print(f"           taught in: {label} -> {target}")
+    return 0
+
+
+def _fill(args: argparse.Namespace) -> int:
+    topic = study.fill(args.topic, args.text, force=args.force, path=args.file)
+    print(f'saved "Why here" for "{topic.name}" in {args.file or study.default_path()}')
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    problems = study.check(args.file)
+    for problem in problems:
+        print(f"study queue: {problem}", file=sys.stderr)
+    if not problems:
+        print(f"study queue OK: every topic has a teaching anchor that exists ({args.file or study.default_path()})")
+    return 1 if problems else 0
+
+
+def _coverage(_args: argparse.Namespace) -> int:
+    missing = coverage.untaught()
+    for item, sections in coverage.coverage_map().items():
+        where = "; ".join(f"{s.notebook} § {s.title}" for s in sections) or "-"
+        print(f"{item:36s} {where}")
+    if missing:
+        print("\nnot taught by any notebook yet: " + ", ".join(missing))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="posttrainllm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    st = sub.add_parser("study", help="the study queue (book/study-queue.md)")
+    st.add_argument("--file", type=Path, default=None, help="another study-queue file")
+    st_sub = st.add_subparsers(dest="action", required=True)
+    st_sub.add_parser("status", help="topics, filled vs TBD, and where each is taught").set_defaults(
+        run=_status
+    )
+    fill = st_sub.add_parser("fill", help="write a topic's 'Why here' (changes nothing else)")
+    fill.add_argument("topic", help='the exact topic name, e.g. "Online softmax"')
+    fill.add_argument("text", help="your 'Why here' answer")
+    fill.add_argument("--force", action="store_true", help="replace an existing answer")
+    fill.set_defaults(run=_fill)
+    st_sub.add_parser("check", help="fail if a topic's teaching anchor is missing or broken").set_defaults(
+        run=_check
+    )
+    sub.add_parser("coverage", help="which notebook section teaches each module").set_defaults(
+        run=_coverage
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (study.StudyQueueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

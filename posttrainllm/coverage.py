@@ -1,0 +1,119 @@
+"""The coverage map: which notebook section teaches each package module and each kernel file.
+
+It is computed from the notebooks themselves (the imports and file names their code cells use,
+under the heading they sit in), so the book's coverage page cannot go stale.
+"""
+
+from __future__ import annotations
+
+import json
+import pkgutil
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import posttrainllm
+from posttrainllm.checkout import repo_root
+from posttrainllm.study import headings, slugify
+
+# Modules that run the book rather than teach a concept; the map lists them apart.
+TOOLING = {"__main__", "checkout", "cli", "coverage"}
+ASSET_DIRS = ("webgpu", "wasm")
+ASSET_SUFFIXES = {".wgsl", ".js", ".mjs", ".c", ".cc", ".cpp", ".h", ".hpp"}
+
+
+@dataclass(frozen=True)
+class Section:
+    notebook: str  # path relative to the checkout, e.g. "notebooks/01-from-a-line.ipynb"
+    title: str
+    anchor: str
+
+
+def package_modules() -> list[str]:
+    """Every module of the package, by short name (``"linear"``, ``"study"``, …)."""
+    return sorted(m.name for m in pkgutil.iter_modules(posttrainllm.__path__))
+
+
+def asset_files(root: Path) -> list[str]:
+    """WGSL kernels, their JS runtime and the WASM trainer's sources, relative to ``root``."""
+    return sorted(
+        p.relative_to(root).as_posix()
+        for d in ASSET_DIRS
+        if (root / d).is_dir()
+        for p in (root / d).rglob("*")
+        if p.suffix in ASSET_SUFFIXES and "build" not in p.parts and "node_modules" not in p.parts
+    )
+
+
+def modules_used(code: str) -> set[str]:
+    """Package modules a code cell uses.
+
+    >>> sorted(modules_used("from posttrainllm import linear, study as s\\nposttrainllm.mastery.x"))
+    ['linear', 'mastery', 'study']
+    """
+    used = set(re.findall(r"\bposttrainllm\.(\w+)", code))
+    for names in re.findall(r"from\s+posttrainllm\s+import\s+\(?([\w\s,]+)\)?", code):
+        used.update(n.split()[0] for n in names.replace("\n", " ").split(",") if n.strip())
+    return used
+
+
+def _cells_by_section(path: Path):
+    """Yield ``(section title, anchor, code)`` for each code cell, tracking the heading it falls under."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    slugs = {title: slug for title, slug in headings(path)}
+    title = anchor = ""
+    for cell in cells:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            for line in source.splitlines():
+                match = re.match(r"^#{1,3}\s+(.+?)\s*$", line)
+                if match:
+                    title = match[1]
+                    anchor = slugs.get(title, slugify(title))
+        elif cell["cell_type"] == "code":
+            yield title, anchor, source
+
+
+def coverage_map(root: Path | None = None) -> dict[str, list[Section]]:
+    """``{"posttrainllm.linear": [Section, …], "webgpu/matmul.wgsl": […], …}`` in a stable order."""
+    root = Path(root or repo_root())
+    items = {f"posttrainllm.{m}": [] for m in package_modules()}
+    assets = asset_files(root)
+    items.update({a: [] for a in assets})
+    for nb in sorted((root / "notebooks").glob("*.ipynb")):
+        rel = nb.relative_to(root).as_posix()
+        for title, anchor, code in _cells_by_section(nb):
+            found = {f"posttrainllm.{m}" for m in modules_used(code)}
+            found |= {a for a in assets if Path(a).name in code}
+            for item in sorted(found & items.keys()):
+                section = Section(rel, title, anchor)
+                if section not in items[item]:
+                    items[item].append(section)
+    return items
+
+
+def untaught(root: Path | None = None) -> list[str]:
+    """Package modules and kernel files that no notebook section uses (tooling excepted)."""
+    return [
+        item
+        for item, sections in coverage_map(root).items()
+        if not sections and item.removeprefix("posttrainllm.") not in TOOLING
+    ]
+
+
+def markdown_table(root: Path | None = None, link_prefix: str = "../") -> str:
+    """The map as a MyST table; links are relative to a page one folder below the root."""
+    rows = ["| Code | Taught in |", "| --- | --- |"]
+    tooling = []
+    for item, sections in coverage_map(root).items():
+        if item.removeprefix("posttrainllm.") in TOOLING:
+            tooling.append(f"`{item}`")
+            continue
+        where = ", ".join(
+            f"[{Path(s.notebook).stem} · {s.title}]({link_prefix}{s.notebook}#{s.anchor})"
+            for s in sections
+        )
+        rows.append(f"| `{item}` | {where or '**not taught yet**'} |")
+    rows.append("")
+    rows.append("Tooling that runs the book rather than teaching a concept: " + ", ".join(tooling) + ".")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,117 @@
+"""Mastery gates: each notebook's exercise calls one of these with the learner's function.
+
+A gate runs the function on a handful of cases, compares it with the package's reference, and
+says precisely which case failed and how — like a patient teaching assistant, not an assert.
+It never raises: the result prints as a report and is truthy only when every case passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from posttrainllm import linear
+
+
+@dataclass
+class GateResult:
+    gate: str
+    failures: list[str] = field(default_factory=list)
+    cases: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __repr__(self) -> str:
+        if self.passed:
+            return f"PASSED {self.gate}: all {self.cases} cases match the reference."
+        head = f"NOT YET {self.gate}: {len(self.failures)} of {self.cases} cases fail."
+        return "\n".join([head, *(f"  - {f}" for f in self.failures)])
+
+
+def _fmt(values) -> str:
+    return np.array2string(np.asarray(values, dtype=float), precision=4, suppress_small=True)
+
+
+def _call(fn: Callable, *args):
+    """Run the learner's function; an exception becomes a message, not a crash."""
+    try:
+        return fn(*args), None
+    except Exception as err:  # noqa: BLE001 - any learner error is reported, not raised
+        return None, f"raised {type(err).__name__}: {err}"
+
+
+def check_fit_line(fit_line: Callable[[np.ndarray, np.ndarray], tuple[float, float]]) -> GateResult:
+    """Gate for module 1: ``fit_line(x, y) -> (w, b)``, the least-squares line in closed form."""
+    result = GateResult("fit_line")
+    noisy = linear.make_line_data(n=30, slope=1.5, intercept=0.5, seed=11)
+    falling = linear.make_line_data(n=25, slope=-0.5, intercept=4.0, noise=0.3, seed=12)
+    exact = (np.array([0.0, 1.0, 2.0, 3.0]), np.array([-2.0, 1.0, 4.0, 7.0]))
+    for label, (x, y) in [("noisy points", noisy), ("a falling line", falling), ("an exact line", exact)]:
+        result.cases += 1
+        got, err = _call(fit_line, x.copy(), y.copy())
+        want = linear.fit_closed_form(x, y)
+        if err:
+            result.failures.append(f"{label}: {err}")
+        elif got is None or np.shape(got) != (2,):
+            result.failures.append(f"{label}: expected a pair (w, b), got {got!r}")
+        elif not np.allclose(got, want, rtol=1e-6, atol=1e-9):
+            result.failures.append(f"{label}: expected (w, b) = {_fmt(want)}, got {_fmt(got)}")
+    result.cases += 1
+    got, err = _call(fit_line, np.full(5, 2.0), np.arange(5.0))
+    if err is None or not err.startswith("raised ValueError"):
+        result.failures.append(
+            "all x equal: the slope is undetermined, so raise ValueError "
+            f"(got {'a result ' + repr(got) if err is None else err})"
+        )
+    return result
+
+
+def check_numerical_gradient(numerical_gradient: Callable) -> GateResult:
+    """Gate for module 2: ``numerical_gradient(f, theta) -> array``, by central differences."""
+    result = GateResult("numerical_gradient")
+    x, y = linear.make_line_data(n=20, seed=21)
+    cases = [
+        ("f(t) = t.t", lambda t: float(t @ t), np.array([1.0, -2.0, 3.0]), lambda t: 2 * t),
+        ("f(t) = sum(exp(t))", lambda t: float(np.exp(t).sum()), np.array([0.5, -1.0]), np.exp),
+        (
+            "the MSE of a line",
+            lambda t: linear.mse_loss(t, x, y),
+            np.array([0.3, -0.7]),
+            lambda t: linear.mse_grad(t, x, y),
+        ),
+    ]
+    for label, f, theta, exact in cases:
+        result.cases += 1
+        before = theta.copy()
+        got, err = _call(numerical_gradient, f, theta)
+        want = exact(before)
+        if err:
+            result.failures.append(f"{label}: {err}")
+            continue
+        if not np.array_equal(theta, before):
+            result.failures.append(f"{label}: theta was changed in place; perturb a copy")
+            continue
+        got = np.asarray(got, dtype=float) if got is not None else None
+        if got is None or got.shape != want.shape:
+            shape = None if got is None else got.shape
+            result.failures.append(f"{label}: expected shape {want.shape}, got {shape}")
+            continue
+        error = float(np.max(np.abs(got - want)))
+        if error > 1e-7:
+            hint = (
+                " -- that size of error is typical of a one-sided difference; "
+                "use (f(t + eps) - f(t - eps)) / (2 eps)"
+                if error < 1e-3
+                else ""
+            )
+            result.failures.append(
+                f"{label}: expected {_fmt(want)}, got {_fmt(got)} (max error {error:.1e}){hint}"
+            )
+    return result

@@ -1,0 +1,32 @@
+"""Show a package object's source in a notebook, so notebooks teach the real code, not a copy."""
+
+from __future__ import annotations
+
+import inspect
+
+
+class Source:
+    """Highlighted source in Jupyter and the book; the plain source text everywhere else.
+
+    Notebooks store the plain text too, so nbval notices when the package code changes.
+    """
+
+    def __init__(self, obj: object) -> None:
+        self.name = f"{obj.__module__}.{obj.__qualname__}"
+        self.code = inspect.getsource(obj)
+
+    def __repr__(self) -> str:
+        return f"# {self.name}\n{self.code}"
+
+    def _repr_html_(self) -> str:
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import PythonLexer
+
+        body = highlight(self.code, PythonLexer(), HtmlFormatter(noclasses=True))
+        return f"<p><code>{self.name}</code></p>{body}"
+
+
+def show_source(obj: object) -> Source:
+    """``show_source(posttrainllm.linear.mse)`` displays that function's code, highlighted."""
+    return Source(obj)
