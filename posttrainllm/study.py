@@ -116,7 +116,7 @@ def find(topics: list[Topic], name: str) -> Topic:
     folded = [t.name for t in topics if t.name.casefold() == name.casefold()]
     close = folded or difflib.get_close_matches(name, names, n=3, cutoff=0.4)
     close += [n for n in names if name.casefold() in n.casefold() and n not in close][:3]
-    hint = "Did you mean: " + ", ".join(f'"{n}"' for n in close) if close else "No close match."
+    hint = ("Did you mean: " + ", ".join(f'"{n}"' for n in close) + "?") if close else "No close match."
     raise StudyQueueError(
         f'no study-queue topic is named "{name}". {hint} '
         f"(`posttrainllm study status` lists all {len(names)} topics; names are exact.)"

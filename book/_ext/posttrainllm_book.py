@@ -1,0 +1,82 @@
+"""Sphinx glue for the book: pages whose content is computed from the checkout at build time.
+
+- ``book/study-queue``: each topic gets its status (filled / TBD), and the page opens with a
+  summary table, all read from the same file by ``posttrainllm.study``;
+- ``book/coverage``: the coverage map, from ``posttrainllm.coverage``;
+- ``book/notebook-times``: the notebook time-budget report that ``make test`` wrote.
+
+A page marks where generated text goes with a line ``<!-- generated: NAME -->``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from posttrainllm import coverage, study
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMES = ROOT / "_build" / "reports" / "notebook-times.json"
+
+
+def _status(topic: study.Topic) -> str:
+    return "filled" if topic.filled else "TBD"
+
+
+def _links(topic: study.Topic) -> str:
+    return ", ".join(f"[{label}]({target})" for label, target in topic.taught_in)
+
+
+def study_queue_page(text: str) -> str:
+    topics = study.parse(text)
+    lines = text.splitlines(keepends=True)
+    for topic in reversed(topics):  # insert bottom-up so earlier line numbers stay valid
+        mark = "**Why here: filled.**" if topic.filled else "**Why here: TBD** (yours to fill)."
+        lines.insert(topic.line + 1, f"\n{mark}\n\n")
+    filled = sum(t.filled for t in topics)
+    table = [
+        f"\n**{filled} of {len(topics)} topics filled.**\n\n",
+        "| Topic | Why here | Taught in |\n| --- | --- | --- |\n",
+        *(f"| {t.name} | {_status(t)} | {_links(t)} |\n" for t in topics),
+        "\n",
+    ]
+    first = topics[0].line if topics else len(lines)
+    return "".join(lines[:first] + table + lines[first:])
+
+
+def notebook_times_table() -> str:
+    if not TIMES.is_file():
+        return (
+            "No timing report in this build. `make test` executes every notebook under nbval, "
+            "writes `_build/reports/notebook-times.json`, and then builds the book, which shows it here.\n"
+        )
+    report = json.loads(TIMES.read_text(encoding="utf-8"))
+    rows = [
+        f"Measured on {report['machine']} during `make test`; a notebook fails the suite only "
+        f"past {report['fail_factor']:g}× its budget.\n",
+        "| Notebook | Budget (s) | Measured (s) | Of budget |\n| --- | ---: | ---: | ---: |",
+    ]
+    for name, entry in sorted(report["notebooks"].items()):
+        share = entry["seconds"] / entry["budget_s"]
+        rows.append(f"| {name} | {entry['budget_s']:g} | {entry['seconds']:.1f} | {share:.0%} |")
+    return "\n".join(rows) + "\n"
+
+
+GENERATED = {
+    "coverage-map": lambda: coverage.markdown_table(ROOT),
+    "notebook-times": notebook_times_table,
+}
+
+
+def on_source_read(app, docname: str, source: list[str]) -> None:
+    if docname == "book/study-queue":
+        source[0] = study_queue_page(source[0])
+    for name, render in GENERATED.items():
+        marker = f"<!-- generated: {name} -->"
+        if marker in source[0]:
+            source[0] = source[0].replace(marker, render())
+
+
+def setup(app):
+    app.connect("source-read", on_source_read)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
