@@ -1,0 +1,63 @@
+# The two commands a reader needs: `make book` (build and serve the book) and `make test`.
+# Everything else here is what those two are made of.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+SERVE  ?= 1
+PORT   ?= 8000
+VENDOR := _build/vendor
+STRICT := --all -W -n --keep-going
+
+.PHONY: book test lab install vendor notebooks lint clean
+
+# --- set-up -------------------------------------------------------------------------------
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[torch,book,test,lab]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# The book serves its own copies of require.js, the ipywidgets HTML manager and MathJax
+# (exact versions in package-lock.json), so no page loads anything from another host.
+$(VENDOR)/.installed: package.json package-lock.json
+	npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/html-manager
+	cp node_modules/requirejs/require.js $(VENDOR)/require.min.js
+	cp -r node_modules/mathjax/es5 $(VENDOR)/mathjax
+	find node_modules/@jupyter-widgets/html-manager/dist -maxdepth 1 -type f ! -name '*.map' \
+	  -exec cp {} $(VENDOR)/html-manager/ \;
+	touch $@
+
+vendor: $(VENDOR)/.installed
+
+# --- the two commands ----------------------------------------------------------------------
+book: install vendor
+	$(BIN)/jupyter-book build $(STRICT) .
+ifeq ($(SERVE),1)
+	$(BIN)/python -m posttrainllm.serve _build/html --port $(PORT)
+else
+	@echo "Built the book into _build/html (serve it with: make book)"
+endif
+
+test: install vendor
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest tests/unit notebooks tests/book \
+	  --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
+
+# --- for learners and maintainers ----------------------------------------------------------
+lab: install
+	$(BIN)/python -m ipykernel install --user --name posttrainllm --display-name "Python (posttrainllm)"
+	$(BIN)/jupyter lab notebooks/
+
+# Re-execute every notebook in place after changing it or the package (stores outputs and
+# widget state); `make test` then checks the stored outputs with nbval.
+notebooks: install
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace notebooks/*.ipynb
+
+lint: install
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf _build .pytest_cache .ruff_cache

@@ -1,0 +1,67 @@
+"""Serve the built book on 127.0.0.1, the way the browser cells need it.
+
+The headers make the page *cross-origin isolated* (``crossOriginIsolated === true``), which
+WebAssembly threads need for ``SharedArrayBuffer``. ``make book`` and the browser tests both
+use this server, so what the tests load is what a reader gets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+from pathlib import Path
+
+ISOLATION_HEADERS = {
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Embedder-Policy": "require-corp",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    extensions_map = {
+        **http.server.SimpleHTTPRequestHandler.extensions_map,
+        ".wasm": "application/wasm",
+        ".mjs": "text/javascript",
+    }
+
+    def end_headers(self) -> None:
+        for name, value in ISOLATION_HEADERS.items():
+            self.send_header(name, value)
+        self.send_header("Cache-Control", "no-cache")
+        super().end_headers()
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+        if not getattr(self.server, "quiet", False):
+            super().log_message(format, *args)
+
+
+def make_server(directory: Path, port: int = 0, quiet: bool = False) -> http.server.ThreadingHTTPServer:
+    """A threaded static server for ``directory`` on 127.0.0.1 (port 0 picks a free port)."""
+    if not (Path(directory) / "index.html").is_file():
+        raise FileNotFoundError(f"no built book in {directory}: run `make book SERVE=0` first")
+    handler = functools.partial(_Handler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server.quiet = quiet
+    return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="serve the built book on 127.0.0.1")
+    parser.add_argument("directory", nargs="?", default="_build/html", type=Path)
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+    server = make_server(args.directory, args.port)
+    print(f"Serving the book at http://127.0.0.1:{server.server_address[1]}/  (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,43 @@
+import json
+
+from posttrainllm import coverage, study
+from tests.conftest import ROOT
+
+
+def test_every_package_module_is_taught_by_some_notebook_section():
+    assert coverage.untaught(ROOT) == []
+
+
+def test_every_mapped_section_is_a_real_heading_of_its_notebook():
+    for item, sections in coverage.coverage_map(ROOT).items():
+        for section in sections:
+            anchors = [slug for _, slug in study.headings(ROOT / section.notebook)]
+            assert section.anchor in anchors, (item, section)
+
+
+def test_modules_used_reads_imports_and_attribute_access():
+    code = "import posttrainllm.linear\nfrom posttrainllm import (study,\n  mastery as m)\nposttrainllm.source.x"
+    assert coverage.modules_used(code) == {"linear", "study", "mastery", "source"}
+
+
+def test_kernel_files_are_mapped_to_the_section_that_names_them(tmp_path):
+    (tmp_path / "webgpu").mkdir()
+    (tmp_path / "webgpu" / "matmul_tiled.wgsl").write_text("// kernel")
+    (tmp_path / "wasm" / "build").mkdir(parents=True)
+    (tmp_path / "wasm" / "build" / "out.js").write_text("")  # built output is not source
+    (tmp_path / "notebooks").mkdir()
+    cells = [
+        {"cell_type": "markdown", "source": ["## Tiled matmul on the GPU\n"]},
+        {"cell_type": "code", "source": ["run('webgpu/matmul_tiled.wgsl')"]},
+    ]
+    (tmp_path / "notebooks" / "03-t.ipynb").write_text(json.dumps({"cells": cells}))
+    assert coverage.asset_files(tmp_path) == ["webgpu/matmul_tiled.wgsl"]
+    [section] = coverage.coverage_map(tmp_path)["webgpu/matmul_tiled.wgsl"]
+    assert section == coverage.Section("notebooks/03-t.ipynb", "Tiled matmul on the GPU", "tiled-matmul-on-the-gpu")
+
+
+def test_markdown_table_lists_untaught_items_plainly(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    table = coverage.markdown_table(tmp_path)
+    assert "| `posttrainllm.linear` | **not taught yet** |" in table
+    assert "`posttrainllm.cli`" in table.split("| --- | --- |")[1].splitlines()[-1]
