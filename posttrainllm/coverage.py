@@ -26,7 +26,7 @@ ASSET_SUFFIXES = {".wgsl", ".js", ".mjs", ".c", ".cc", ".cpp", ".h", ".hpp"}
 class Section:
     notebook: str  # path relative to the checkout, e.g. "notebooks/01-from-a-line.ipynb"
     title: str
-    anchor: str
+    anchor: str  # "" for code above the notebook's first section: the page itself
 
 
 def package_modules() -> list[str]:
@@ -66,10 +66,10 @@ def _cells_by_section(path: Path):
         source = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
             for line in source.splitlines():
-                match = re.match(r"^#{1,3}\s+(.+?)\s*$", line)
+                match = re.match(r"^(#{1,3})\s+(.+?)\s*$", line)
                 if match:
-                    title = match[1]
-                    anchor = slugs.get(title, slugify(title))
+                    title = match[2]
+                    anchor = "" if match[1] == "#" else slugs.get(title, slugify(title))
         elif cell["cell_type"] == "code":
             yield title, anchor, source
 
@@ -110,7 +110,7 @@ def markdown_table(root: Path | None = None, link_prefix: str = "../") -> str:
             tooling.append(f"`{item}`")
             continue
         where = ", ".join(
-            f"[{Path(s.notebook).stem} · {s.title}]({link_prefix}{s.notebook}#{s.anchor})"
+            f"[{Path(s.notebook).stem} · {s.title}]({link_prefix}{s.notebook}{'#' + s.anchor if s.anchor else ''})"
             for s in sections
         )
         rows.append(f"| `{item}` | {where or '**not taught yet**'} |")

@@ -31,7 +31,7 @@ def study_queue_page(text: str) -> str:
     topics = study.parse(text)
     lines = text.splitlines(keepends=True)
     for topic in reversed(topics):  # insert bottom-up so earlier line numbers stay valid
-        mark = "**Why here: filled.**" if topic.filled else "**Why here: TBD** (yours to fill)."
+        mark = "**Status:** filled" if topic.filled else "**Status:** TBD (the Why here is yours to fill)"
         lines.insert(topic.line + 1, f"\n{mark}\n\n")
     filled = sum(t.filled for t in topics)
     table = [
@@ -77,6 +77,20 @@ def on_source_read(app, docname: str, source: list[str]) -> None:
             source[0] = source[0].replace(marker, render())
 
 
+def drop_duplicate_scripts(app, pagename, templatename, context, doctree) -> None:
+    """sphinx-thebe and sphinx-togglebutton register their inline scripts twice under JB 1.0.4;
+    the second ``const THEBE_JS_URL`` is a SyntaxError in every page's console."""
+    seen, unique = set(), []
+    for script in context.get("script_files", []):
+        # the second copy has filename "" where the first has None: compare them as equal
+        key = (getattr(script, "filename", script) or "", repr(sorted(getattr(script, "attributes", {}).items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    context["script_files"] = unique
+
+
 def setup(app):
     app.connect("source-read", on_source_read)
+    app.connect("html-page-context", drop_duplicate_scripts)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,40 @@
+"""The strict book build, and what it must contain."""
+
+import re
+
+from tests.book.conftest import BUILD
+
+
+def test_book_builds_strictly_with_warnings_as_errors(built_book):
+    returncode, log = built_book
+    warnings = [line for line in log.splitlines() if "WARNING" in line or "ERROR" in line]
+    assert returncode == 0 and not warnings, "\n".join(warnings[:20]) or log[-3000:]
+
+
+def test_every_page_of_the_toc_is_built(built_book):
+    html = BUILD / "html"
+    for page in ["book/intro", "book/curriculum", "book/study-queue", "book/coverage", "book/notebook-times",
+                 "book/references", "notebooks/01-from-a-line", "notebooks/02-gradient-descent"]:
+        assert (html / f"{page}.html").is_file(), page
+
+
+def test_study_queue_page_shows_each_topics_status_and_links(built_book):
+    page = (BUILD / "html" / "book" / "study-queue.html").read_text(encoding="utf-8")
+    assert page.count("<strong>Status:</strong> TBD") + page.count("<strong>Status:</strong> filled") == 19
+    assert re.search(r"\d+ of 19 topics filled", page)
+    assert 'href="../notebooks/02-gradient-descent.html#a-plateau-that-looks-like-a-ceiling"' in page
+
+
+def test_coverage_and_timing_pages_are_generated_from_this_build(built_book, budget_report):
+    coverage = (BUILD / "html" / "book" / "coverage.html").read_text(encoding="utf-8")
+    assert "posttrainllm.gradient_descent" in coverage and "not taught yet" not in coverage
+    times = (BUILD / "html" / "book" / "notebook-times.html").read_text(encoding="utf-8")
+    for name, entry in budget_report["notebooks"].items():
+        assert name in times and f"{entry['seconds']:.1f}" in times
+
+
+def test_pages_reference_no_other_host_for_scripts_or_styles(built_book):
+    for page in (BUILD / "html").rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        remote = re.findall(r'<(?:script|link)[^>]+(?:src|href)="(https?://[^"]+)"', text)
+        assert not remote, f"{page.name} loads {remote}"
