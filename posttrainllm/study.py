@@ -297,7 +297,7 @@ def card(name: str, path: Path | None = None):
         return f"<p><b>{label}:</b> {html.escape(value)}</p>" if value else ""
 
     info = widgets.HTML(
-        f"<h4>Study card: {html.escape(topic.name)}</h4>"
+        f"<p style='font-size:1.15em'><b>Study card:</b> {html.escape(topic.name)}</p>"
         + row("What", topic.get("What"))
         + row("Gotcha (from code)", topic.get("Gotcha (from code)"))
         + row("Source", topic.get("Source"))
