@@ -23,8 +23,16 @@ def chromium_path() -> str | None:
 
 @pytest.fixture
 def queue_copy(tmp_path):
-    """A private copy of the real study queue, so tests never write to the checkout's file."""
+    """A private copy of the real study queue with every answer reset to TBD.
+
+    Tests never write to the checkout's file, and pass whatever the learner has filled in.
+    """
+    from posttrainllm import study
+
     dest = tmp_path / "book" / "study-queue.md"
     dest.parent.mkdir()
     shutil.copyfile(ROOT / "book" / "study-queue.md", dest)
+    for topic in study.load(dest):
+        if topic.filled:
+            study.fill(topic.name, "TBD", force=True, path=dest)
     return dest
