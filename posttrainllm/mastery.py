@@ -115,3 +115,28 @@ def check_numerical_gradient(numerical_gradient: Callable) -> GateResult:
                 f"{label}: expected {_fmt(want)}, got {_fmt(got)} (max error {error:.1e}){hint}"
             )
     return result
+
+
+def check_tiled_reads(tiled_reads: Callable[[int, int, int, int], int]) -> GateResult:
+    """Gate for module 3: ``tiled_reads(m, n, k, tile)``, slow-memory loads of a tiled matmul.
+
+    The reference is the count that :func:`posttrainllm.matmul.matmul_tiled` makes while it
+    really computes the product, so a formula that is right only for square or evenly divisible
+    shapes fails on the ragged cases.
+    """
+    from posttrainllm import matmul
+
+    result = GateResult("tiled_reads")
+    rng = np.random.default_rng(31)
+    for m, n, k, tile in [(64, 64, 64, 16), (32, 96, 48, 16), (50, 30, 70, 16), (17, 5, 9, 4)]:
+        result.cases += 1
+        _, traffic = matmul.matmul_tiled(rng.standard_normal((m, k)), rng.standard_normal((k, n)), tile)
+        got, err = _call(tiled_reads, m, n, k, tile)
+        label = f"m={m}, n={n}, k={k}, tile={tile}"
+        if err:
+            result.failures.append(f"{label}: {err}")
+        elif got != traffic.slow_reads:
+            even = (m % tile, n % tile) == (0, 0)
+            hint = "" if even else " (tiles at the edges are partial: count them with a ceiling)"
+            result.failures.append(f"{label}: the kernel loaded {traffic.slow_reads} numbers, you said {got}{hint}")
+    return result
