@@ -140,3 +140,38 @@ def check_tiled_reads(tiled_reads: Callable[[int, int, int, int], int]) -> GateR
             hint = "" if even else " (tiles at the edges are partial: count them with a ceiling)"
             result.failures.append(f"{label}: the kernel loaded {traffic.slow_reads} numbers, you said {got}{hint}")
     return result
+
+
+def check_backward_rule(op: Callable) -> GateResult:
+    """Gate for module 4: ``op(x: Value) -> Value`` computing softplus, ``log(1 + e^x)``, with its
+    own ``_backward``. Compared with PyTorch float64 autograd, alone and inside an expression
+    that uses ``x`` twice (which catches ``x.grad = ...`` where ``+=`` is needed)."""
+    import torch
+
+    from posttrainllm.autograd import Value
+
+    result = GateResult("softplus backward rule")
+    for x0 in (-3.0, -0.5, 0.0, 2.5):
+        for shape, build in [
+            ("softplus(x)", lambda f, x: f(x)),
+            ("softplus(x) * x + x", lambda f, x: f(x) * x + x),
+        ]:
+            result.cases += 1
+            x = Value(x0)
+            out, err = _call(lambda x=x, build=build: build(op, x))
+            xt = torch.tensor(x0, dtype=torch.float64, requires_grad=True)
+            reference = build(torch.nn.functional.softplus, xt)
+            reference.backward()
+            label = f"{shape} at x = {x0:g}"
+            if err:
+                result.failures.append(f"{label}: {err}")
+                continue
+            if not isinstance(out, Value):
+                result.failures.append(f"{label}: expected a Value, got {type(out).__name__}")
+                continue
+            out.backward()
+            if abs(out.data - reference.item()) > 1e-10:
+                result.failures.append(f"{label}: forward value {out.data:.6f}, expected {reference.item():.6f}")
+            elif abs(x.grad - xt.grad.item()) > 1e-10:
+                result.failures.append(f"{label}: d/dx = {x.grad:.6f}, PyTorch says {xt.grad.item():.6f}")
+    return result
