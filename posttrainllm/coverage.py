@@ -52,7 +52,8 @@ def modules_used(code: str) -> set[str]:
     ['linear', 'mastery', 'study']
     """
     used = set(re.findall(r"\bposttrainllm\.(\w+)", code))
-    for names in re.findall(r"from\s+posttrainllm\s+import\s+\(?([\w\s,]+)\)?", code):
+    for bracketed, line in re.findall(r"from\s+posttrainllm\s+import\s+(?:\(([^)]*)\)|([^\n]+))", code):
+        names = (bracketed or line).split("#")[0]
         used.update(n.split()[0] for n in names.replace("\n", " ").split(",") if n.strip())
     return used
 

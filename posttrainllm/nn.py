@@ -57,6 +57,8 @@ class MLP:
     def __init__(self, sizes: Sequence[int], activation: str = "tanh", seed: int = 0) -> None:
         if len(sizes) < 2:
             raise ValueError(f"an MLP needs input and output sizes, got {list(sizes)}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         rng = np.random.default_rng(seed)
         last = len(sizes) - 2
         self.sizes = list(sizes)

@@ -18,6 +18,8 @@ def test_every_mapped_section_is_a_real_heading_of_its_notebook():
 def test_modules_used_reads_imports_and_attribute_access():
     code = "import posttrainllm.linear\nfrom posttrainllm import (study,\n  mastery as m)\nposttrainllm.source.x"
     assert coverage.modules_used(code) == {"linear", "study", "mastery", "source"}
+    two_lines = "from posttrainllm import matmul as mm\nfrom posttrainllm import precision as fp  # fp16\nx = 1"
+    assert coverage.modules_used(two_lines) == {"matmul", "precision"}
 
 
 def test_kernel_files_are_mapped_to_the_section_that_names_them(tmp_path):
