@@ -3,7 +3,8 @@
 - ``book/study-queue``: each topic gets its status (filled / TBD), and the page opens with a
   summary table, all read from the same file by ``posttrainllm.study``;
 - ``book/coverage``: the coverage map, from ``posttrainllm.coverage``;
-- ``book/notebook-times``: the notebook time-budget report that ``make test`` wrote.
+- ``book/notebook-times``: the notebook time-budget report that ``make test`` wrote;
+- ``book/benchmarks``: the result tables committed under ``benchmarks/results/``.
 
 A page marks where generated text goes with a line ``<!-- generated: NAME -->``.
 """
@@ -62,7 +63,27 @@ def notebook_times_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def benchmark_tables() -> str:
+    results = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+    if not results:
+        return "No benchmark results are committed yet.\n"
+    parts = []
+    for path in results:
+        result = json.loads(path.read_text(encoding="utf-8"))
+        columns = result["columns"]
+        parts += [
+            f"## {result['title']}\n",
+            f"`benchmarks/{path.stem}.py`, measured on {result['machine']}.\n",
+            "| " + " | ".join(columns) + " |",
+            "| " + " | ".join("---" for _ in columns) + " |",
+            *("| " + " | ".join(str(v) for v in row) + " |" for row in result["rows"]),
+            f"\n{result['notes']}\n",
+        ]
+    return "\n".join(parts)
+
+
 GENERATED = {
+    "benchmarks": benchmark_tables,
     "coverage-map": lambda: coverage.markdown_table(ROOT),
     "notebook-times": notebook_times_table,
 }

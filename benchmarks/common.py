@@ -1,0 +1,38 @@
+"""Shared plumbing for the benchmarks: the machine description and writing a result file.
+
+Each benchmark measures its contenders side by side in one run (this machine is shared and
+noisy, so only ratios within one run mean much) and writes ``results/<name>.json``, which the
+book's benchmarks page renders as a table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> str:
+    return (
+        f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}, "
+        f"numpy {np.__version__}"
+    )
+
+
+def write_result(name: str, title: str, columns: list[str], rows: list[list], notes: str, out_dir: Path = RESULTS):
+    """Save one benchmark's table; returns the path written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    payload = {"title": title, "machine": machine(), "columns": columns, "rows": rows, "notes": notes}
+    path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(columns)]
+    print(title)
+    print("  ".join(str(c).ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in rows:
+        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)))
+    return path

@@ -1,0 +1,26 @@
+"""The benchmarks stay runnable: each runs in --quick mode and writes a well-formed table.
+
+(No timing is asserted: speed claims live in the benchmark results, not in tests.)"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+@pytest.mark.parametrize("name", ["autograd_engines", "matmul"])
+def test_benchmark_runs_quickly_and_writes_its_table(name, tmp_path):
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--quick", "--out", str(tmp_path)],
+        check=True, capture_output=True, text=True,
+    )
+    result = json.loads((tmp_path / f"{name}.json").read_text())
+    assert result["rows"] and all(len(row) == len(result["columns"]) for row in result["rows"])
+
+
+@pytest.mark.parametrize("name", ["autograd_engines", "matmul"])
+def test_committed_results_exist_for_the_book(name):
+    assert (ROOT / "benchmarks" / "results" / f"{name}.json").is_file()
