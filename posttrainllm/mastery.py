@@ -175,3 +175,34 @@ def check_backward_rule(op: Callable) -> GateResult:
             elif abs(x.grad - xt.grad.item()) > 1e-10:
                 result.failures.append(f"{label}: d/dx = {x.grad:.6f}, PyTorch says {xt.grad.item():.6f}")
     return result
+
+
+def check_top_p(top_p_distribution: Callable[[np.ndarray, float], np.ndarray]) -> GateResult:
+    """Gate for module 5: ``top_p_distribution(probs, p)``, the renormalised nucleus distribution.
+
+    Reference: :func:`posttrainllm.sampling.next_token_distribution` with ``top_p=p``. Cases cover
+    the boundary (mass exactly reaching p), p = 1, a tiny p, and ties (lower ids win).
+    """
+    from posttrainllm.sampling import next_token_distribution
+
+    result = GateResult("top_p_distribution")
+    cases = [
+        ([0.5, 0.3, 0.15, 0.05], 0.8, "mass reaches p exactly at the second token"),
+        ([0.5, 0.3, 0.15, 0.05], 0.81, "just past the second token"),
+        ([0.1, 0.6, 0.3], 1.0, "p = 1 keeps everything"),
+        ([0.1, 0.6, 0.3], 0.01, "a tiny p keeps only the most likely token"),
+        ([0.25, 0.25, 0.25, 0.25], 0.5, "ties: the lower ids are kept"),
+    ]
+    for probs, p, label in cases:
+        result.cases += 1
+        probs = np.array(probs)
+        want = next_token_distribution(np.log(probs), top_p=p)
+        got, err = _call(top_p_distribution, probs.copy(), p)
+        if err:
+            result.failures.append(f"{label} (p={p}): {err}")
+        elif got is None or np.shape(got) != want.shape:
+            result.failures.append(f"{label} (p={p}): expected an array of shape {want.shape}, got {got!r}")
+        elif not np.allclose(got, want, atol=1e-9):
+            hint = " -- did you renormalise the kept mass to 1?" if np.isclose(np.sum(got), p) else ""
+            result.failures.append(f"{label} (p={p}): expected {_fmt(want)}, got {_fmt(got)}{hint}")
+    return result
