@@ -1,0 +1,333 @@
+"""Module 6: a byte-level BPE tokenizer — train, encode, decode, stream, save and load.
+
+Text becomes UTF-8 bytes, so every string is representable with the 256 byte tokens; training
+then adds one token per *merge* of the most frequent adjacent pair. As in GPT-2/GPT-4, a regex
+first splits text into pre-tokens (words, numbers, punctuation runs, whitespace) and merges
+never cross a pre-token boundary.
+
+Conventions, all tested:
+
+- **Ids.** 0-255 are the bytes; merge ``i`` (0-based) creates id ``256 + i``; special tokens
+  come after the merges. These ids are a tiktoken ``mergeable_ranks`` table as they are, so
+  ``tiktoken.Encoding(...)`` built from :meth:`Tokenizer.tiktoken_ranks` encodes identically.
+- **Tie-breaking.** When several pairs have the same count, the pair with the smallest
+  ``(left id, right id)`` is merged first — deterministic, independent of dict order.
+- **Special tokens.** Text containing a special token's string raises ``ValueError`` unless
+  that token is in ``allowed_special`` (as in tiktoken), so user text can never smuggle one in.
+- **Lone surrogates.** A Python ``str`` may hold unpaired surrogates (``"\\ud800"``), which
+  have no UTF-8 form. They are encoded with the ``surrogatepass`` error handler (3 bytes each)
+  and decoded the same way, so ``decode(encode(s)) == s`` holds for every ``str``. Ids that do
+  not form valid UTF-8 (a sequence cut in the middle of a character) decode with U+FFFD.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from itertools import pairwise
+from pathlib import Path
+
+import regex
+
+# The pre-tokenisation patterns published with GPT-2 and with GPT-4's cl100k_base encoding.
+GPT2_SPLIT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+GPT4_SPLIT = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
+FORMAT = "posttrainllm-bpe v1"
+
+Pair = tuple[int, int]
+
+
+def to_bytes(text: str) -> bytes:
+    """UTF-8, with lone surrogates kept (see the module docstring)."""
+    return text.encode("utf-8", errors="surrogatepass")
+
+
+def merge_pair(ids: list[int], pair: Pair, new_id: int) -> list[int]:
+    """Replace every non-overlapping occurrence of ``pair``, left to right.
+
+    >>> merge_pair([1, 2, 3, 1, 2], (1, 2), 9)
+    [9, 3, 9]
+    """
+    out, i, n = [], 0, len(ids)
+    a, b = pair
+    while i < n:
+        if i < n - 1 and ids[i] == a and ids[i + 1] == b:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def pair_counts(words: dict[tuple[int, ...], int]) -> Counter:
+    """Adjacent-pair counts over words weighted by frequency: ``{(1, 2): 3, ...}``."""
+    counts: Counter = Counter()
+    for word, freq in words.items():
+        for pair in pairwise(word):
+            counts[pair] += freq
+    return counts
+
+
+def count_words(texts: Iterable[str] | str, pattern: str = GPT4_SPLIT) -> Counter:
+    """Pre-token byte strings and their counts, read chunk by chunk (memory grows with the
+    number of *distinct* pre-tokens, not with the input). A chunk should end at a line break
+    or another natural boundary, or a word cut in two is counted as two pre-tokens."""
+    compiled = regex.compile(pattern)
+    counts: Counter = Counter()
+    for chunk in [texts] if isinstance(texts, str) else texts:
+        counts.update(compiled.findall(chunk))
+    return Counter({to_bytes(word): n for word, n in counts.items()})
+
+
+def _check_vocab_size(vocab_size: int) -> int:
+    if vocab_size < 256:
+        raise ValueError(f"vocab_size must be at least 256 (the byte tokens), got {vocab_size}")
+    return vocab_size - 256
+
+
+def train_naive(texts: Iterable[str] | str, vocab_size: int, pattern: str = GPT4_SPLIT) -> list[Pair]:
+    """The textbook trainer: recount every pair after every merge. Slow, obviously right —
+    the reference the fast trainer is tested against."""
+    words = {tuple(w): n for w, n in count_words(texts, pattern).items()}
+    merges: list[Pair] = []
+    for step in range(_check_vocab_size(vocab_size)):
+        counts = pair_counts(words)
+        if not counts:
+            break
+        best = min(counts, key=lambda p: (-counts[p], p))
+        merges.append(best)
+        new_id = 256 + step
+        words = {tuple(merge_pair(list(w), best, new_id)): n for w, n in words.items()}
+    return merges
+
+
+def train_merges(word_counts: Counter, vocab_size: int) -> list[Pair]:
+    """The incremental trainer: the same merges as :func:`train_naive`, far faster.
+
+    It keeps pair counts, an index from each pair to the words containing it, and a max-heap of
+    ``(-count, pair)`` with *lazy deletion* (stale entries are skipped when popped). A merge only
+    revisits the words that contain the merged pair, updating counts by difference.
+    """
+    n_merges = _check_vocab_size(vocab_size)
+    words = [list(w) for w in word_counts]
+    freqs = list(word_counts.values())
+    counts: defaultdict[Pair, int] = defaultdict(int)
+    where: defaultdict[Pair, set[int]] = defaultdict(set)
+    for i, word in enumerate(words):
+        for pair in pairwise(word):
+            counts[pair] += freqs[i]
+            where[pair].add(i)
+    heap = [(-c, p) for p, c in counts.items()]
+    heapq.heapify(heap)
+    merges: list[Pair] = []
+    while len(merges) < n_merges and heap:
+        neg, pair = heapq.heappop(heap)
+        if counts.get(pair, 0) != -neg or -neg <= 0:
+            continue  # stale: this pair's count changed after the entry was pushed
+        new_id = 256 + len(merges)
+        merges.append(pair)
+        changed: set[Pair] = set()
+        for i in sorted(where.pop(pair, ())):
+            word, freq = words[i], freqs[i]
+            for old in pairwise(word):
+                counts[old] -= freq
+                changed.add(old)
+            word = words[i] = merge_pair(word, pair, new_id)
+            for new in pairwise(word):
+                counts[new] += freq
+                where[new].add(i)
+                changed.add(new)
+        counts.pop(pair, None)
+        for p in changed:
+            if counts.get(p, 0) > 0:
+                heapq.heappush(heap, (-counts[p], p))
+            else:
+                counts.pop(p, None)
+    return merges
+
+
+class Tokenizer:
+    """A trained byte-level BPE: merges, a pre-tokenisation pattern and special tokens."""
+
+    def __init__(self, merges: list[Pair], pattern: str = GPT4_SPLIT, special_tokens: dict[str, int] | None = None):
+        self.merges = list(merges)
+        self.pattern = pattern
+        self._split = regex.compile(pattern)
+        self.ranks = {pair: 256 + i for i, pair in enumerate(self.merges)}
+        self.vocab = [bytes([b]) for b in range(256)]
+        for a, b in self.merges:
+            self.vocab.append(self.vocab[a] + self.vocab[b])
+        self.special_tokens = dict(special_tokens or {})
+        for name, token_id in self.special_tokens.items():
+            if token_id < len(self.vocab):
+                raise ValueError(f"special token {name!r} has id {token_id}, which a merge already uses")
+        self._special_ids = {i: s.encode("utf-8") for s, i in self.special_tokens.items()}
+        self._special_split = (
+            regex.compile("(" + "|".join(map(regex.escape, sorted(self.special_tokens, key=len, reverse=True))) + ")")
+            if self.special_tokens
+            else None
+        )
+        self._cache: dict[str, list[int]] = {}
+
+    @classmethod
+    def train(
+        cls,
+        texts: Iterable[str] | str,
+        vocab_size: int,
+        pattern: str = GPT4_SPLIT,
+        special_tokens: Iterable[str] = (),
+    ) -> Tokenizer:
+        """Train to ``vocab_size`` tokens (bytes + merges); special tokens get the ids after them."""
+        merges = train_merges(count_words(texts, pattern), vocab_size)
+        specials = {s: 256 + len(merges) + i for i, s in enumerate(special_tokens)}
+        return cls(merges, pattern, specials)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab) + len(self.special_tokens)
+
+    # --- encoding -------------------------------------------------------------------------
+
+    def _encode_chunk(self, chunk: str) -> list[int]:
+        cached = self._cache.get(chunk)
+        if cached is not None:
+            return cached
+        ids = list(to_bytes(chunk))
+        ranks = self.ranks
+        while len(ids) > 1:
+            # merge the adjacent pair that was learned earliest (lowest rank), as in training
+            best = min(pairwise(ids), key=lambda p: ranks.get(p, 1 << 62))
+            if best not in ranks:
+                break
+            ids = merge_pair(ids, best, ranks[best])
+        if len(self._cache) < 200_000:  # bounded: streaming a huge input cannot grow it forever
+            self._cache[chunk] = ids
+        return ids
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Encode treating special-token strings as plain text."""
+        out: list[int] = []
+        for chunk in self._split.findall(text):
+            out.extend(self._encode_chunk(chunk))
+        return out
+
+    def _check_special(self, text: str, allowed: set[str]) -> None:
+        if self._special_split is None:
+            return
+        for found in self._special_split.findall(text):
+            if found not in allowed:
+                raise ValueError(
+                    f"the text contains the special token {found!r}, which is not allowed here. "
+                    f"Pass allowed_special={{{found!r}}} (or 'all') to encode it as a special token, "
+                    "or use encode_ordinary() to encode it as plain text."
+                )
+
+    def encode(self, text: str, allowed_special: set[str] | str = frozenset()) -> list[int]:
+        """Token ids of ``text``. Special-token strings raise unless listed in ``allowed_special``."""
+        allowed = set(self.special_tokens) if allowed_special == "all" else set(allowed_special)
+        unknown = allowed - set(self.special_tokens)
+        if unknown:
+            raise ValueError(f"allowed_special names tokens this tokenizer does not have: {sorted(unknown)}")
+        self._check_special(text, allowed)
+        if not allowed:
+            return self.encode_ordinary(text)
+        out: list[int] = []
+        for part in self._special_split.split(text):
+            if part in allowed:
+                out.append(self.special_tokens[part])
+            elif part:
+                out.extend(self.encode_ordinary(part))
+        return out
+
+    def encode_iterable(self, texts: Iterable[str]) -> Iterator[int]:
+        """Encode a stream of text pieces lazily, with memory bounded by the longest pre-token.
+
+        Pre-tokens can straddle two pieces, so the last pre-token of the buffer is held back
+        until more text arrives. The ids equal ``encode_ordinary("".join(texts))``.
+        """
+        buffer = ""
+        for piece in texts:
+            buffer += piece
+            chunks = self._split.findall(buffer)
+            if len(chunks) < 2:
+                continue
+            for chunk in chunks[:-1]:
+                yield from self._encode_chunk(chunk)
+            buffer = chunks[-1]
+        for chunk in self._split.findall(buffer):
+            yield from self._encode_chunk(chunk)
+
+    # --- decoding -------------------------------------------------------------------------
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        parts = []
+        for i in ids:
+            if 0 <= i < len(self.vocab):
+                parts.append(self.vocab[i])
+            elif i in self._special_ids:
+                parts.append(self._special_ids[i])
+            else:
+                raise ValueError(f"token id {i} is not in this vocabulary of {self.vocab_size} tokens")
+        return b"".join(parts)
+
+    def decode(self, ids: Iterable[int], errors: str = "replace") -> str:
+        """Text of ``ids``; exact for anything :meth:`encode` produced (see the module docstring)."""
+        data = self.decode_bytes(ids)
+        try:
+            return data.decode("utf-8", errors="surrogatepass")
+        except UnicodeDecodeError:
+            return data.decode("utf-8", errors=errors)
+
+    # --- interop and persistence ----------------------------------------------------------
+
+    def tiktoken_ranks(self) -> dict[bytes, int]:
+        """``{token bytes: id}``, the ``mergeable_ranks`` of an equivalent ``tiktoken.Encoding``."""
+        return {token: i for i, token in enumerate(self.vocab)}
+
+    def save(self, path: str | Path) -> None:
+        """Write the documented text format, atomically::
+
+            posttrainllm-bpe v1
+            pattern <the split regex, as a JSON string>
+            special <JSON object: token string -> id>
+            merges <N>
+            <left id> <right id>        (N lines; line i creates id 256 + i)
+        """
+        path = Path(path)
+        lines = [FORMAT, f"pattern {json.dumps(self.pattern)}", f"special {json.dumps(self.special_tokens)}"]
+        lines += [f"merges {len(self.merges)}", *(f"{a} {b}" for a, b in self.merges)]
+        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write("\n".join(lines) + "\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        """Read :meth:`save`'s format; a foreign, truncated or corrupt file gives a clear error."""
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+
+        def fail(why: str) -> ValueError:
+            return ValueError(f"{path} is not a valid tokenizer file: {why}")
+
+        if not lines or lines[0] != FORMAT:
+            raise fail(f"the first line should be {FORMAT!r}")
+        try:
+            pattern = json.loads(lines[1].removeprefix("pattern "))
+            special = json.loads(lines[2].removeprefix("special "))
+            n = int(lines[3].removeprefix("merges "))
+            merges = [tuple(map(int, line.split())) for line in lines[4:]]
+        except (IndexError, ValueError) as err:
+            raise fail(f"the header is damaged ({err})") from None
+        if len(merges) != n or any(len(m) != 2 for m in merges):
+            raise fail(f"it declares {n} merges but holds {len(merges)} well-formed lines (truncated?)")
+        for i, (a, b) in enumerate(merges):
+            if not (0 <= a < 256 + i and 0 <= b < 256 + i):
+                raise fail(f"merge {i} uses an id that does not exist yet: ({a}, {b})")
+        return cls(merges, pattern, special)

@@ -1,0 +1,141 @@
+import functools
+from itertools import pairwise
+
+import pytest
+import tiktoken
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posttrainllm import data
+from posttrainllm.tokenizer import GPT2_SPLIT, Tokenizer, count_words, train_merges, train_naive
+
+TEXT = data.corpus(60_000, seed=3)
+
+
+@functools.cache
+def trained(vocab_size: int = 400, pattern: str | None = None) -> Tokenizer:
+    kwargs = {"pattern": pattern} if pattern else {}
+    return Tokenizer.train(TEXT, vocab_size, special_tokens=["<|endoftext|>", "<|user|>"], **kwargs)
+
+
+def as_tiktoken(tok: Tokenizer) -> tiktoken.Encoding:
+    return tiktoken.Encoding(
+        "posttrainllm-test",
+        pat_str=tok.pattern,
+        mergeable_ranks=tok.tiktoken_ranks(),
+        special_tokens=tok.special_tokens,
+    )
+
+
+any_text = st.text(st.characters(codec="utf-8"), max_size=200)  # every encodable code point
+with_surrogates = st.text(st.characters(), max_size=200)  # lone surrogates too
+
+
+@pytest.mark.parametrize("pattern", [None, GPT2_SPLIT])
+def test_fast_trainer_makes_exactly_the_naive_trainers_merges(pattern):
+    kwargs = {"pattern": pattern} if pattern else {}
+    assert trained(400, pattern).merges == train_naive(TEXT, 400, **kwargs)
+
+
+@settings(max_examples=80, deadline=None)
+@given(text=any_text, vocab=st.integers(256, 300))
+def test_fast_and_naive_trainers_agree_on_arbitrary_text(text, vocab):
+    assert train_merges(count_words(text), vocab) == train_naive(text, vocab)
+
+
+def test_ties_are_broken_by_the_smallest_pair():
+    # "ab" and "cd" both occur twice (line breaks keep them separate pre-tokens);
+    # (97, 98) < (99, 100), so "ab" is merged first
+    text = "ab\ncd\nab\ncd"
+    assert train_naive(text, 257) == [(97, 98)] == train_merges(count_words(text), 257)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(text=with_surrogates)
+def test_decode_encode_round_trips_every_string_including_lone_surrogates(text):
+    tok = trained()
+    assert tok.decode(tok.encode_ordinary(text)) == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=any_text)
+def test_ids_are_identical_to_tiktoken_built_from_our_ranks(text):
+    tok = trained()
+    assert tok.encode_ordinary(text) == as_tiktoken(tok).encode_ordinary(text)
+
+
+def test_ids_match_tiktoken_on_the_corpus_and_with_the_gpt2_pattern():
+    held_out = data.corpus(100_000, seed=9)
+    for tok in (trained(), trained(400, GPT2_SPLIT)):
+        assert tok.encode_ordinary(held_out) == as_tiktoken(tok).encode_ordinary(held_out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=any_text, cuts=st.lists(st.integers(0, 200), max_size=8))
+def test_streaming_encode_equals_encoding_the_whole_text(text, cuts):
+    tok = trained()
+    bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    pieces = [text[a:b] for a, b in pairwise(bounds)]
+    assert list(tok.encode_iterable(pieces)) == tok.encode_ordinary(text)
+
+
+def test_special_tokens_are_refused_unless_allowed():
+    tok = trained()
+    text = "Once there was a fox.<|endoftext|>The end."
+    with pytest.raises(ValueError, match=r"special token '<\|endoftext\|>'.*allowed_special"):
+        tok.encode(text)
+    ids = tok.encode(text, allowed_special={"<|endoftext|>"})
+    assert tok.special_tokens["<|endoftext|>"] in ids and tok.decode(ids) == text
+    assert tok.encode(text, allowed_special="all") == ids
+    assert tok.special_tokens["<|endoftext|>"] not in tok.encode_ordinary(text)
+    assert ids == as_tiktoken(tok).encode(text, allowed_special={"<|endoftext|>"})
+    with pytest.raises(ValueError, match="does not have"):
+        tok.encode("hi", allowed_special={"<|nope|>"})
+
+
+def test_special_ids_follow_the_merges():
+    tok = trained()
+    assert sorted(tok.special_tokens.values()) == [256 + len(tok.merges), 257 + len(tok.merges)]
+    assert tok.vocab_size == 402
+
+
+def test_save_and_load_round_trip(tmp_path):
+    tok = trained()
+    path = tmp_path / "tok.bpe"
+    tok.save(path)
+    again = Tokenizer.load(path)
+    assert again.merges == tok.merges and again.special_tokens == tok.special_tokens and again.pattern == tok.pattern
+    assert again.encode(TEXT[:2000]) == tok.encode(TEXT[:2000])
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda t: "\n".join(t.splitlines()[:-5]) + "\n", "truncated"),
+        (lambda t: "hello\n", "first line"),
+        (lambda t: t.replace("merges ", "merges x", 1), "header is damaged"),
+        (lambda t: t + "9999 1\n", "holds"),
+        (lambda t: "\n".join([*t.splitlines()[:4], "300 1", *t.splitlines()[5:]]) + "\n", "does not exist yet"),
+    ],
+)
+def test_a_damaged_file_gives_a_clear_error(tmp_path, damage, message):
+    path = tmp_path / "tok.bpe"
+    trained().save(path)
+    path.write_text(damage(path.read_text()))
+    with pytest.raises(ValueError, match=message):
+        Tokenizer.load(path)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="at least 256"):
+        Tokenizer.train("abc", 100)
+    with pytest.raises(ValueError, match="not in this vocabulary"):
+        trained().decode([10**6])
+    with pytest.raises(ValueError, match="already uses"):
+        Tokenizer([(97, 98)], special_tokens={"<s>": 256})
+
+
+def test_cut_utf8_decodes_with_replacement_characters():
+    tok = trained()
+    ids = list("é".encode())  # two byte tokens; drop the second
+    assert tok.decode(ids[:1]) == "\ufffd"
