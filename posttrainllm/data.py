@@ -63,6 +63,18 @@ MORALS = [
 ]
 
 
+# Village names are coined from syllables, so the vocabulary keeps growing with the corpus
+# (as real text does) and a tokenizer has sub-words to discover: "Brackenmoor", "Ashford"...
+ONSETS = ["Ash", "Brack", "Cran", "Dun", "El", "Fen", "Gar", "Hol", "Ivy", "Kel", "Lark", "Mor", "Nor",
+          "Oak", "Pen", "Quill", "Ros", "Stan", "Thorn", "Ul", "Wen", "Yar"]
+MIDDLES = ["", "", "en", "er", "il", "ow", "a", "ing", "am", "or", "ith", "el"]
+CODAS = ["ford", "moor", "by", "wick", "ton", "dale", "mere", "stead", "holm", "gate", "well", "brook"]
+
+
+def _village(rng: random.Random) -> str:
+    return rng.choice(ONSETS) + rng.choice(MIDDLES) + rng.choice(MIDDLES) + rng.choice(CODAS)
+
+
 @dataclass(frozen=True)
 class Character:
     name: str
@@ -97,6 +109,7 @@ def _plan(rng: random.Random) -> dict:
         "moral": rng.randrange(len(MORALS)),
         "days": rng.randint(2, 9),
         "unit": rng.choice(["hours", "days"]),
+        "village": _village(rng),
     }
 
 
@@ -105,9 +118,10 @@ def _tell_plain(p: dict, rng: random.Random) -> str:
     place, other = PLACES[p["place"]][0], PLACES[p["other"]][0]
     obj, (verb, _) = p["object"], p["problem"]
     opening = rng.choice([
-        f"Once there was {_article(hero.trait)} {hero.trait} {hero.kind} named {hero.name}.",
-        f"{hero.name} was {_article(hero.trait)} {hero.trait} {hero.kind} who lived near {place}.",
-        f"Every morning {hero.name} the {hero.kind} walked to {place}.",
+        f"Once there was {_article(hero.trait)} {hero.trait} {hero.kind} named {hero.name}, "
+        f"in the village of {p['village']}.",
+        f"{hero.name} was {_article(hero.trait)} {hero.trait} {hero.kind} who lived in {p['village']}.",
+        f"Every morning {hero.name} the {hero.kind} walked from {p['village']} to {place}.",
     ])
     sentences = [
         opening,
@@ -130,10 +144,10 @@ def _tell_storybook(p: dict, rng: random.Random) -> str:
     place, other = PLACES[p["place"]][1], PLACES[p["other"]][1]
     obj, (_, perfect) = p["object"], p["problem"]
     opening = rng.choice([
-        f"In a time long past there dwelt {_article(hero.trait)} {hero.trait} {hero.kind}, "
-        f"and {hero.name} was the name by which all knew them.",
-        f"Hard by {place} there lived, as the tale is told, {_article(hero.trait)} {hero.trait} "
-        f"{hero.kind} called {hero.name}.",
+        f"In a time long past there dwelt in {p['village']} {_article(hero.trait)} {hero.trait} "
+        f"{hero.kind}, and {hero.name} was the name by which all knew them.",
+        f"In the village of {p['village']} there lived, as the tale is told, {_article(hero.trait)} "
+        f"{hero.trait} {hero.kind} called {hero.name}.",
     ])
     sentences = [
         opening,

@@ -206,3 +206,36 @@ def check_top_p(top_p_distribution: Callable[[np.ndarray, float], np.ndarray]) -
             hint = " -- did you renormalise the kept mass to 1?" if np.isclose(np.sum(got), p) else ""
             result.failures.append(f"{label} (p={p}): expected {_fmt(want)}, got {_fmt(got)}{hint}")
     return result
+
+
+def check_merge_step(merge_step: Callable[[dict], tuple]) -> GateResult:
+    """Gate for module 6: ``merge_step(words) -> (pair, new_words)``, one step of BPE training.
+
+    ``words`` maps a tuple of token ids to its count. The step finds the most frequent adjacent
+    pair (ties: the smallest pair), gives it id ``256 + number of merges so far`` — here always
+    256 — and merges it in every word, left to right without overlaps.
+    """
+    from posttrainllm.tokenizer import merge_pair, pair_counts
+
+    result = GateResult("merge_step")
+    cases = [
+        ("a simple count", {(104, 105): 3, (104, 97): 1}),
+        ("counts weighted by word frequency", {(1, 2, 3): 1, (2, 3): 5, (1, 2): 2}),
+        ("a tie: the smallest pair wins", {(5, 6): 2, (3, 4): 2}),
+        ("an overlapping run: aaa merges once", {(97, 97, 97): 4, (98,): 1}),
+    ]
+    for label, words in cases:
+        result.cases += 1
+        counts = pair_counts(words)
+        want_pair = min(counts, key=lambda p: (-counts[p], p))
+        want_words = {tuple(merge_pair(list(w), want_pair, 256)): n for w, n in words.items()}
+        got, err = _call(merge_step, dict(words))
+        if err:
+            result.failures.append(f"{label}: {err}")
+        elif not (isinstance(got, tuple) and len(got) == 2):
+            result.failures.append(f"{label}: expected (pair, new_words), got {got!r}")
+        elif tuple(got[0]) != want_pair:
+            result.failures.append(f"{label}: expected to merge {want_pair}, got {got[0]}")
+        elif {tuple(k): v for k, v in got[1].items()} != want_words:
+            result.failures.append(f"{label}: merged words should be {want_words}, got {got[1]}")
+    return result

@@ -10,17 +10,24 @@ import pytest
 
 from tests.conftest import ROOT
 
+SCRIPTS = {  # script -> the result tables it writes
+    "autograd_engines": ["autograd_engines"],
+    "matmul": ["matmul"],
+    "tokenizer": ["tokenizer_training", "tokenizer_encoding"],
+}
 
-@pytest.mark.parametrize("name", ["autograd_engines", "matmul"])
-def test_benchmark_runs_quickly_and_writes_its_table(name, tmp_path):
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_benchmark_runs_quickly_and_writes_its_table(script, tmp_path):
     subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--quick", "--out", str(tmp_path)],
+        [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--quick", "--out", str(tmp_path)],
         check=True, capture_output=True, text=True,
     )
-    result = json.loads((tmp_path / f"{name}.json").read_text())
-    assert result["rows"] and all(len(row) == len(result["columns"]) for row in result["rows"])
+    for name in SCRIPTS[script]:
+        result = json.loads((tmp_path / f"{name}.json").read_text())
+        assert result["rows"] and all(len(row) == len(result["columns"]) for row in result["rows"])
 
 
-@pytest.mark.parametrize("name", ["autograd_engines", "matmul"])
+@pytest.mark.parametrize("name", [name for names in SCRIPTS.values() for name in names])
 def test_committed_results_exist_for_the_book(name):
     assert (ROOT / "benchmarks" / "results" / f"{name}.json").is_file()
