@@ -71,8 +71,19 @@ MIDDLES = ["", "", "en", "er", "il", "ow", "a", "ing", "am", "or", "ith", "el"]
 CODAS = ["ford", "moor", "by", "wick", "ton", "dale", "mere", "stead", "holm", "gate", "well", "brook"]
 
 
+# Travellers met on the road get coined given names too: "Marabel", "Tovric", ...
+NAME_STARTS = ["Ma", "To", "El", "Bri", "Ca", "Do", "Fe", "Gi", "Ha", "Jo", "Ke", "Li", "No", "Pa", "Ro", "Sa",
+               "Te", "Vi", "Wy", "Za"]
+NAME_MIDDLES = ["", "r", "l", "n", "v", "th", "d", "s", "b", "m"]
+NAME_ENDS = ["a", "el", "ric", "wen", "bel", "dor", "na", "lin", "mund", "ette", "ik", "o"]
+
+
 def _village(rng: random.Random) -> str:
     return rng.choice(ONSETS) + rng.choice(MIDDLES) + rng.choice(MIDDLES) + rng.choice(CODAS)
+
+
+def _traveller(rng: random.Random) -> str:
+    return rng.choice(NAME_STARTS) + rng.choice(NAME_MIDDLES) + rng.choice(NAME_MIDDLES) + rng.choice(NAME_ENDS)
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,7 @@ def _plan(rng: random.Random) -> dict:
         "days": rng.randint(2, 9),
         "unit": rng.choice(["hours", "days"]),
         "village": _village(rng),
+        "traveller": _traveller(rng),
     }
 
 
@@ -128,6 +140,7 @@ def _tell_plain(p: dict, rng: random.Random) -> str:
         f"One day {p['weather']}, and {hero.name} {verb} {obj} at {place}.",
         rng.choice([f"{hero.name} felt {p['feeling']} and sat down.", f"{hero.name} did not know what to do."]),
         f"Then {friend.name} the {friend.kind} came by and said, \"Let us look at {other}.\"",
+        f"On the way they met a traveller called {p['traveller']}, who pointed the way.",
         rng.choice([
             f"They walked for {p['days']} {p['unit']} and talked the whole way.",
             f"It took them {p['days']} {p['unit']}, but they did not give up.",
@@ -159,6 +172,7 @@ def _tell_storybook(p: dict, rng: random.Random) -> str:
         ]),
         f"Yet presently there came {friend.name} the {friend.kind}, who spoke thus: "
         f"\"Come, let us seek it at {other}.\"",
+        f"Upon the road they met a wayfarer who gave the name {p['traveller']}, and who showed them the way.",
         f"For {p['days']} {p['unit']} did the two companions journey, "
         "and never once did their courage fail.",
         f"And lo, at {other} they beheld {obj}, lying beneath a stone.",

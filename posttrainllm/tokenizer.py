@@ -75,14 +75,48 @@ def pair_counts(words: dict[tuple[int, ...], int]) -> Counter:
     return counts
 
 
-def count_words(texts: Iterable[str] | str, pattern: str = GPT4_SPLIT) -> Counter:
+def _count_chunk(args: tuple[str, str]) -> Counter:
+    pattern, chunk = args
+    return Counter(regex.findall(pattern, chunk))
+
+
+def _split_lines(text: str, parts: int) -> list[str]:
+    """``text`` in ``parts`` pieces cut at line breaks, so no pre-token is cut in two."""
+    cuts, step = [0], max(1, len(text) // parts)
+    for _ in range(parts - 1):
+        nl = text.find("\n", cuts[-1] + step)
+        if nl == -1:
+            break
+        cuts.append(nl + 1)
+    return [text[a:b] for a, b in pairwise([*cuts, len(text)])]
+
+
+def count_words(texts: Iterable[str] | str, pattern: str = GPT4_SPLIT, processes: int = 1) -> Counter:
     """Pre-token byte strings and their counts, read chunk by chunk (memory grows with the
     number of *distinct* pre-tokens, not with the input). A chunk should end at a line break
-    or another natural boundary, or a word cut in two is counted as two pre-tokens."""
+    or another natural boundary, or a word cut in two is counted as two pre-tokens.
+
+    ``processes > 1`` splits each chunk at line breaks across worker processes; the counts
+    are the same, only faster on a multi-core machine.
+    """
     compiled = regex.compile(pattern)
     counts: Counter = Counter()
-    for chunk in [texts] if isinstance(texts, str) else texts:
-        counts.update(compiled.findall(chunk))
+    pool = None
+    if processes > 1:
+        import multiprocessing
+
+        pool = multiprocessing.get_context("fork" if os.name == "posix" else "spawn").Pool(processes)
+    try:
+        for chunk in [texts] if isinstance(texts, str) else texts:
+            if pool is not None and len(chunk) > 100_000:
+                for part in pool.map(_count_chunk, [(pattern, p) for p in _split_lines(chunk, processes)]):
+                    counts.update(part)
+            else:
+                counts.update(compiled.findall(chunk))
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
     return Counter({to_bytes(word): n for word, n in counts.items()})
 
 
@@ -114,14 +148,21 @@ def train_merges(word_counts: Counter, vocab_size: int) -> list[Pair]:
     It keeps pair counts, an index from each pair to the words containing it, and a max-heap of
     ``(-count, pair)`` with *lazy deletion* (stale entries are skipped when popped). A merge only
     revisits the words that contain the merged pair, updating counts by difference.
+
+    One speed trick: a word is held as a ``str`` whose characters are the token ids
+    (``chr(id)``), so merging a pair is ``str.replace`` — left to right, without overlaps,
+    exactly :func:`merge_pair` — and runs in C. Comparing characters compares ids, so the
+    heap's tie-breaking (smallest pair first) is unchanged.
     """
     n_merges = _check_vocab_size(vocab_size)
-    words = [list(w) for w in word_counts]
+    if 256 + n_merges > 0xD800:
+        raise ValueError(f"vocab_size {vocab_size} is too large for this trainer (at most {0xD800})")
+    words = ["".join(map(chr, w)) for w in word_counts]
     freqs = list(word_counts.values())
-    counts: defaultdict[Pair, int] = defaultdict(int)
-    where: defaultdict[Pair, set[int]] = defaultdict(set)
+    counts: defaultdict[tuple[str, str], int] = defaultdict(int)
+    where: defaultdict[tuple[str, str], set[int]] = defaultdict(set)
     for i, word in enumerate(words):
-        for pair in pairwise(word):
+        for pair in zip(word, word[1:]):  # noqa: B905 - consecutive characters
             counts[pair] += freqs[i]
             where[pair].add(i)
     heap = [(-c, p) for p, c in counts.items()]
@@ -131,19 +172,40 @@ def train_merges(word_counts: Counter, vocab_size: int) -> list[Pair]:
         neg, pair = heapq.heappop(heap)
         if counts.get(pair, 0) != -neg or -neg <= 0:
             continue  # stale: this pair's count changed after the entry was pushed
-        new_id = 256 + len(merges)
-        merges.append(pair)
-        changed: set[Pair] = set()
-        for i in sorted(where.pop(pair, ())):
+        new = chr(256 + len(merges))
+        merges.append((ord(pair[0]), ord(pair[1])))
+        joined = pair[0] + pair[1]
+        changed: set[tuple[str, str]] = set()
+        for i in where.pop(pair, ()):  # the order does not matter: counts change by sums
             word, freq = words[i], freqs[i]
-            for old in pairwise(word):
-                counts[old] -= freq
-                changed.add(old)
-            word = words[i] = merge_pair(word, pair, new_id)
-            for new in pairwise(word):
-                counts[new] += freq
-                where[new].add(i)
-                changed.add(new)
+            if joined not in word:
+                continue  # a stale index entry
+            # Only pairs touching a merged occurrence change: update those, not the whole word.
+            size, start, last_end = len(word), word.find(joined), -1
+            while start != -1:
+                removed = [pair]
+                if start > 0 and start != last_end:  # the left neighbour was not merged itself
+                    removed.append((word[start - 1], pair[0]))
+                if start + 2 < size:
+                    removed.append((pair[1], word[start + 2]))
+                for old in removed:
+                    counts[old] -= freq
+                changed.update(removed)
+                last_end = start + 2
+                start = word.find(joined, last_end)
+            word = words[i] = word.replace(joined, new)
+            start = word.find(new)
+            while start != -1:
+                added = []
+                if start > 0:
+                    added.append((word[start - 1], new))
+                if start + 1 < len(word) and word[start + 1] != new:
+                    added.append((new, word[start + 1]))
+                for p in added:
+                    counts[p] += freq
+                    where[p].add(i)
+                changed.update(added)
+                start = word.find(new, start + 1)
         counts.pop(pair, None)
         for p in changed:
             if counts.get(p, 0) > 0:
@@ -183,9 +245,13 @@ class Tokenizer:
         vocab_size: int,
         pattern: str = GPT4_SPLIT,
         special_tokens: Iterable[str] = (),
+        processes: int = 1,
     ) -> Tokenizer:
-        """Train to ``vocab_size`` tokens (bytes + merges); special tokens get the ids after them."""
-        merges = train_merges(count_words(texts, pattern), vocab_size)
+        """Train to ``vocab_size`` tokens (bytes + merges); special tokens get the ids after them.
+
+        ``processes`` > 1 pre-tokenises in parallel (see :func:`count_words`); merges are the same.
+        """
+        merges = train_merges(count_words(texts, pattern, processes), vocab_size)
         specials = {s: 256 + len(merges) + i for i, s in enumerate(special_tokens)}
         return cls(merges, pattern, specials)
 

@@ -43,6 +43,18 @@ def test_fast_and_naive_trainers_agree_on_arbitrary_text(text, vocab):
     assert train_merges(count_words(text), vocab) == train_naive(text, vocab)
 
 
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(alphabet="ab \n", max_size=300), vocab=st.integers(256, 320))
+def test_trainers_agree_on_runs_of_repeated_pairs(text, vocab):
+    # "aaaa" and "abab" are where a local update can double-count or miss a pair
+    assert train_merges(count_words(text), vocab) == train_naive(text, vocab)
+
+
+def test_parallel_pre_tokenisation_counts_the_same():
+    big = data.corpus(300_000, seed=4)
+    assert count_words(big, processes=2) == count_words(big)
+
+
 def test_ties_are_broken_by_the_smallest_pair():
     # "ab" and "cd" both occur twice (line breaks keep them separate pre-tokens);
     # (97, 98) < (99, 100), so "ab" is merged first
