@@ -2,12 +2,27 @@
 
 Each module holds one concept, named after it, in the order the curriculum meets them:
 
-- ``linear``            module 1: a linear model, mean squared error, least squares
-- ``gradient_descent``  module 2: numerical gradients, GD, SGD, momentum
-- ``study``             the study queue (``book/study-queue.md``): read, fill, check
-- ``coverage``          which notebook section teaches which package module or kernel
-- ``mastery``           the exercise gates at the end of each notebook
-- ``source``            show a package function's source inside a notebook
+- module 1  ``linear``            a linear model, mean squared error, least squares
+- module 2  ``gradient_descent``  numerical gradients, GD, SGD, momentum
+- module 3  ``matmul``            FLOPs, bytes, roofline; a counted model of tiled matmul
+            ``precision``         fp16 as a number format, rounding in sums, underflow
+- module 4  ``autograd``          a scalar reverse-mode autograd (``Value``)
+            ``nn``                neurons, layers and an MLP over ``Value``
+            ``tensor``            the same autograd on numpy arrays
+            ``toydata``           two moons and other 2-D sets
+- module 5  ``data``              the built-in story corpus, loaders, splits, batches
+            ``device``            choosing CPU / CUDA / MPS in one place
+            ``chars``             a character vocabulary
+            ``ngram``             the count-based bigram language model
+            ``char_mlp``          a neural character language model
+            ``sampling``          greedy, temperature, top-k, top-p, and a chi-square check
+            ``scaling``           power-law fits and the compute frontier
+- module 6  ``tokenizer``         byte-level BPE: train, encode, stream, save, load
+            ``embeddings``        nearest neighbours, position encodings
+
+Around them: ``study`` (the study queue), ``mastery`` (exercise gates), ``knobs`` (slider
+figures), ``source`` (show package code in a notebook), ``coverage`` (which notebook teaches
+what), ``serve`` (the local book server), ``checkout`` and ``cli``.
 
 Imports here stay light (no torch) so ``import posttrainllm`` is instant everywhere.
 """
