@@ -19,6 +19,7 @@ Each module holds one concept, named after it, in the order the curriculum meets
             ``scaling``           power-law fits and the compute frontier
 - module 6  ``tokenizer``         byte-level BPE: train, encode, stream, save, load
             ``embeddings``        nearest neighbours, position encodings
+- module 7  ``attention``         attention, multi-head, online softmax, FlashAttention-2
 
 Around them: ``study`` (the study queue), ``mastery`` (exercise gates), ``knobs`` (slider
 figures), ``source`` (show package code in a notebook), ``coverage`` (which notebook teaches

@@ -239,3 +239,36 @@ def check_merge_step(merge_step: Callable[[dict], tuple]) -> GateResult:
         elif {tuple(k): v for k, v in got[1].items()} != want_words:
             result.failures.append(f"{label}: merged words should be {want_words}, got {got[1]}")
     return result
+
+
+def check_online_softmax_update(update: Callable[[float, float, float], tuple[float, float]]) -> GateResult:
+    """Gate for module 7: ``update(peak, total, value) -> (peak, total)``, the online-softmax step.
+
+    Folded over a sequence from ``(-inf, 0)``, it must end at ``(max(x), sum(exp(x - max(x))))``;
+    the cases include a rising sequence, where forgetting to rescale the running sum shows.
+    """
+    result = GateResult("online_softmax_update")
+    cases = [
+        ("a falling sequence", np.array([3.0, 1.0, -2.0, 0.5])),
+        ("a rising sequence (the max changes every step)", np.array([-1.0, 0.0, 2.0, 5.0])),
+        ("large values that overflow exp()", np.array([800.0, 805.0, 790.0])),
+        ("a single value", np.array([0.25])),
+    ]
+    for label, x in cases:
+        result.cases += 1
+        peak, total = -np.inf, 0.0
+        try:
+            for value in x:
+                peak, total = update(peak, total, float(value))
+        except Exception as err:  # noqa: BLE001 - reported, not raised
+            result.failures.append(f"{label}: raised {type(err).__name__}: {err}")
+            continue
+        want_peak = float(x.max())
+        want_total = float(np.exp(x - want_peak).sum())
+        if not (np.isclose(peak, want_peak) and np.isclose(total, want_total, rtol=1e-9)):
+            hint = " -- rescale the running sum by exp(old max - new max)" if np.isclose(peak, want_peak) else ""
+            result.failures.append(
+                f"{label}: ended at (max {peak:.4g}, sum {total:.6g}), "
+                f"expected ({want_peak:.4g}, {want_total:.6g}){hint}"
+            )
+    return result
