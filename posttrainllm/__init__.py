@@ -20,6 +20,8 @@ Each module holds one concept, named after it, in the order the curriculum meets
 - module 6  ``tokenizer``         byte-level BPE: train, encode, stream, save, load
             ``embeddings``        nearest neighbours, position encodings
 - module 7  ``attention``         attention, multi-head, online softmax, FlashAttention-2
+            ``model``             the oracle GPT (config, norms, RoPE, blocks, weight export)
+            ``train``             training, evaluation, generation, safe checkpoints
 
 Around them: ``study`` (the study queue), ``mastery`` (exercise gates), ``knobs`` (slider
 figures), ``source`` (show package code in a notebook), ``coverage`` (which notebook teaches

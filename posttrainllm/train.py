@@ -1,0 +1,115 @@
+"""Module 7: training, evaluating, checkpointing and sampling the oracle GPT.
+
+Used by this module's notebook and by every later one. Training is deterministic for a given
+seed on a given machine: the batches come from a seeded generator, the weights from the
+config's seed. Checkpoints are loaded with ``torch.load(weights_only=True)``, so opening a
+checkpoint can never run code from the file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from posttrainllm.data import get_batch
+from posttrainllm.model import GPT, GPTConfig
+from posttrainllm.sampling import sample
+
+CHECKPOINT_FORMAT = "posttrainllm-gpt-checkpoint v1"
+
+
+@torch.no_grad()
+def evaluate(model: GPT, ids, batch_size: int = 32, batches: int = 8, seed: int = 1234) -> float:
+    """Mean loss over ``batches`` seeded random batches of ``ids`` (the same batches every call)."""
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    losses = [
+        model(*get_batch(ids, batch_size, model.config.block_size, generator=generator))[1].item()
+        for _ in range(batches)
+    ]
+    model.train()
+    return float(np.mean(losses))
+
+
+def train(
+    model: GPT,
+    train_ids,
+    steps: int,
+    batch_size: int = 16,
+    lr: float = 3e-3,
+    val_ids=None,
+    eval_every: int = 0,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict:
+    """AdamW on random windows of ``train_ids``. Returns ``{"train": [...], "val": [(step, loss)]}``."""
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    history: dict = {"train": [], "val": []}
+    steps_iter = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+
+        steps_iter = tqdm(steps_iter, desc="training", leave=False)
+    for step in steps_iter:
+        x, y = get_batch(train_ids, batch_size, model.config.block_size, generator=generator)
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        history["train"].append(loss.item())
+        if val_ids is not None and eval_every and (step + 1) % eval_every == 0:
+            history["val"].append((step + 1, evaluate(model, val_ids)))
+    return history
+
+
+@torch.no_grad()
+def generate(
+    model: GPT, prompt: list[int], length: int, rng: np.random.Generator, temperature: float = 1.0,
+    top_k: int | None = None, top_p: float | None = None,
+) -> list[int]:
+    """Extend ``prompt`` by ``length`` tokens with module 5's samplers (greedy at temperature 0)."""
+    model.eval()
+    ids = list(prompt)
+    for _ in range(length):
+        context = torch.tensor([ids[-model.config.block_size :]])
+        logits = model(context)[0, -1].double().numpy()
+        ids.append(sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, rng=rng))
+    model.train()
+    return ids
+
+
+def save_checkpoint(model: GPT, path: str | Path) -> None:
+    """Config and weights, written atomically (a crash leaves the old file or the new, not half)."""
+    path = Path(path)
+    payload = {"format": CHECKPOINT_FORMAT, "config": asdict(model.config), "state_dict": model.state_dict()}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load_checkpoint(path: str | Path) -> GPT:
+    """Rebuild the model. A truncated, corrupt or foreign file raises ``ValueError`` saying so."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001 - torch raises many types for a damaged file
+        raise ValueError(
+            f"{path} is not a readable checkpoint (truncated or corrupt?): {type(err).__name__}: {err}"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} is not a posttrainllm GPT checkpoint (no {CHECKPOINT_FORMAT!r} marker)")
+    model = GPT(GPTConfig(**payload["config"]))
+    model.load_state_dict(payload["state_dict"])
+    return model

@@ -1,0 +1,107 @@
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from posttrainllm import train as training
+from posttrainllm.model import GPT, GPTConfig, RMSNorm, export_weights, rope
+
+SMALL = GPTConfig(vocab_size=50, block_size=24, n_layer=2, n_head=2, n_embd=16)
+VARIANTS = [
+    SMALL,
+    dataclasses.replace(SMALL, norm="rmsnorm", mlp="swiglu", positions="rope", tie_weights=False),
+]
+
+
+@pytest.mark.parametrize("config", VARIANTS, ids=["gpt2-like", "llama-like"])
+def test_flash_and_naive_attention_give_the_same_logits_and_gradients(config):
+    naive = GPT(config)
+    flash = GPT(dataclasses.replace(config, attention="flash"))
+    flash.load_state_dict(naive.state_dict())
+    idx = torch.randint(0, config.vocab_size, (3, 21), generator=torch.Generator().manual_seed(0))
+    (logits_a, loss_a), (logits_b, loss_b) = naive(idx, idx), flash(idx, idx)
+    torch.testing.assert_close(logits_a, logits_b, atol=2e-5, rtol=1e-4)
+    loss_a.backward()
+    loss_b.backward()
+    for (name, p), q in zip(naive.named_parameters(), flash.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, atol=2e-5, rtol=1e-3, msg=name)
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    q, k = torch.randn(1, 1, 1, 8, dtype=torch.float64), torch.randn(1, 1, 1, 8, dtype=torch.float64)
+    rq, rk = rope(q.expand(1, 1, 12, 8)), rope(k.expand(1, 1, 12, 8))
+    scores = (rq @ rk.transpose(-1, -2))[0, 0]
+    assert torch.allclose(scores[5, 2], scores[9, 6]) and torch.allclose(scores[3, 3], scores[11, 11])
+    assert not torch.allclose(scores[5, 2], scores[5, 3])
+
+
+def test_rmsnorm_matches_torch():
+    x = torch.randn(4, 16)
+    ours = RMSNorm(16)
+    theirs = torch.nn.RMSNorm(16, eps=1e-5)
+    torch.testing.assert_close(ours(x), theirs(x))
+
+
+def test_initialisation_is_deterministic_from_the_seed_and_documented_scale():
+    a, b, c = GPT(SMALL), GPT(SMALL), GPT(dataclasses.replace(SMALL, seed=1))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    assert not torch.equal(a.tok_emb.weight, c.tok_emb.weight)
+    assert a.head.weight is a.tok_emb.weight  # tied
+    assert a.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert a.blocks[0].attn.proj.weight.std().item() == pytest.approx(0.02 / 2, rel=0.15)
+
+
+def test_weight_export_is_plain_data_without_the_tied_copy():
+    exported = export_weights(GPT(SMALL))
+    assert exported["format"] == "posttrainllm-gpt-weights v1" and exported["config"]["n_embd"] == 16
+    assert "head.weight" not in exported["tensors"]
+    emb = exported["tensors"]["tok_emb.weight"]
+    assert emb["shape"] == [50, 16] and len(emb["data"]) == 800 and isinstance(emb["data"][0], float)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: GPTConfig(norm="batchnorm"), "norm must be one of"),
+        (lambda: GPTConfig(n_embd=30, n_head=4), "does not split"),
+        (lambda: GPT(SMALL)(torch.zeros(1, 25, dtype=torch.long)), "longer than block_size"),
+    ],
+)
+def test_bad_configs_and_inputs_are_explained(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_training_is_reproducible_and_lowers_the_loss():
+    ids = np.tile(np.arange(10), 60)
+    runs = []
+    for _ in range(2):
+        model = GPT(dataclasses.replace(SMALL, vocab_size=10, block_size=12))
+        runs.append(training.train(model, ids, steps=40, batch_size=8, lr=1e-2, seed=3)["train"])
+    assert runs[0] == runs[1]
+    assert np.mean(runs[0][-5:]) < 0.3 * runs[0][0]
+    out = training.generate(model, [0, 1, 2], 8, np.random.default_rng(0), temperature=0.0)
+    assert out == [*range(10), 0]  # it learned to count mod 10
+
+
+def test_checkpoint_round_trip_and_clear_errors_for_bad_files(tmp_path):
+    model = GPT(SMALL)
+    path = tmp_path / "model.pt"
+    training.save_checkpoint(model, path)
+    again = training.load_checkpoint(path)
+    assert again.config == model.config
+    assert all(torch.equal(p, q) for p, q in zip(model.state_dict().values(), again.state_dict().values(), strict=True))
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        training.load_checkpoint(truncated)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(3)}, foreign)
+    with pytest.raises(ValueError, match="not a posttrainllm GPT checkpoint"):
+        training.load_checkpoint(foreign)
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(ValueError, match="not a readable checkpoint"):
+        training.load_checkpoint(text)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign.pt", "model.pt", "notes.txt", "truncated.pt"]
