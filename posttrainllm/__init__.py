@@ -22,6 +22,7 @@ Each module holds one concept, named after it, in the order the curriculum meets
 - module 7  ``attention``         attention, multi-head, online softmax, FlashAttention-2
             ``model``             the oracle GPT (config, norms, RoPE, blocks, weight export)
             ``train``             training, evaluation, generation, safe checkpoints
+            ``pretrained``        the cached base model that modules 8–10 start from
 
 Around them: ``study`` (the study queue), ``mastery`` (exercise gates), ``knobs`` (slider
 figures), ``source`` (show package code in a notebook), ``coverage`` (which notebook teaches

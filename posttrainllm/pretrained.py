@@ -1,0 +1,83 @@
+"""The pretrained base model that modules 8–10 start from: the same tiny GPT every time.
+
+:func:`base_model` trains a tokenizer and a GPT on the built-in corpus with a fixed, seeded
+recipe, and caches both under the cache directory in files named by a hash of the recipe. The
+first call trains (about half a minute on two CPU cores); later calls — from any notebook, in
+any order, in a fresh kernel — load the cached files. Files are written atomically; a damaged
+cache file is rebuilt rather than trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from posttrainllm import data
+from posttrainllm.model import GPT, GPTConfig
+from posttrainllm.tokenizer import Tokenizer
+from posttrainllm.train import load_checkpoint, save_checkpoint, train
+
+
+@dataclass(frozen=True)
+class Recipe:
+    corpus_chars: int = 400_000
+    corpus_seed: int = 0
+    vocab_size: int = 512
+    block_size: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 64
+    steps: int = 600
+    batch_size: int = 16
+    lr: float = 3e-3
+    seed: int = 0
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _build(recipe: Recipe) -> tuple[GPT, Tokenizer]:
+    import torch
+
+    text = data.corpus(recipe.corpus_chars, seed=recipe.corpus_seed)
+    tokenizer = Tokenizer.train(text, recipe.vocab_size, special_tokens=["<|endoftext|>"])
+    ids = np.array(tokenizer.encode_ordinary(text))
+    train_ids, _ = data.train_val_split(ids, 0.1)
+    torch.manual_seed(recipe.seed)
+    config = GPTConfig(
+        vocab_size=tokenizer.vocab_size, block_size=recipe.block_size, n_layer=recipe.n_layer,
+        n_head=recipe.n_head, n_embd=recipe.n_embd, seed=recipe.seed,
+    )
+    model = GPT(config)
+    train(model, train_ids, recipe.steps, recipe.batch_size, recipe.lr, seed=recipe.seed)
+    model.eval()
+    return model, tokenizer
+
+
+def base_model(recipe: Recipe = Recipe(), cache_dir: Path | None = None) -> tuple[GPT, Tokenizer]:
+    """The base GPT and its tokenizer for ``recipe``, trained once and then read from the cache."""
+    cache = Path(cache_dir or data.default_cache_dir())
+    cache.mkdir(parents=True, exist_ok=True)
+    weights, vocab = cache / f"base-{recipe.key}.pt", cache / f"base-{recipe.key}.bpe"
+    if weights.is_file() and vocab.is_file():
+        try:
+            model, tokenizer = load_checkpoint(weights), Tokenizer.load(vocab)
+            model.eval()
+            return model, tokenizer
+        except ValueError:
+            pass  # a damaged cache file: rebuild it below rather than trust it
+    model, tokenizer = _build(recipe)
+    tokenizer.save(vocab)
+    save_checkpoint(model, weights)
+    return model, tokenizer
+
+
+def held_out_ids(tokenizer: Tokenizer, recipe: Recipe = Recipe()) -> np.ndarray:
+    """The validation tokens of the base model's corpus (the last 10%, never trained on)."""
+    text = data.corpus(recipe.corpus_chars, seed=recipe.corpus_seed)
+    return data.train_val_split(np.array(tokenizer.encode_ordinary(text)), 0.1)[1]
