@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import ROOT
 
 SCRIPTS = {  # script -> the result tables it writes
+    "attention": ["attention_memory", "gpt_throughput"],
     "autograd_engines": ["autograd_engines"],
     "matmul": ["matmul"],
     "tokenizer": ["tokenizer_training", "tokenizer_encoding"],
