@@ -129,6 +129,14 @@ def online_softmax_passes(x: np.ndarray) -> tuple[np.ndarray, int]:
 # --- FlashAttention-2 -------------------------------------------------------------------------
 
 
+def _tile_scores(q_rows: np.ndarray, k_cols: np.ndarray, rows: slice, cols: slice, causal: bool) -> np.ndarray:
+    """One ``Br x Bc`` tile of scores (``q_rows`` already scaled), future keys set to -inf."""
+    s = q_rows @ np.swapaxes(k_cols, -1, -2)
+    if causal:
+        s = np.where(np.arange(rows.start, rows.stop)[:, None] >= np.arange(cols.start, cols.stop), s, -np.inf)
+    return s
+
+
 def _blocks(n: int, size: int) -> list[slice]:
     if size < 1:
         raise ValueError(f"block size must be >= 1, got {size}")
@@ -165,9 +173,7 @@ def flash_attention_forward(
         for cols in _blocks(m_keys, block_k):
             if causal and cols.start > rows.stop - 1:
                 break  # every key in this block and after it is in the future of every query
-            s = qi @ np.swapaxes(k[..., cols, :], -1, -2)
-            if causal:
-                s = np.where(np.arange(rows.start, rows.stop)[:, None] >= np.arange(cols.start, cols.stop), s, -np.inf)
+            s = _tile_scores(qi, k[..., cols, :], rows, cols, causal)
             new_peak = np.maximum(peak, s.max(axis=-1))
             p = np.exp(s - new_peak[..., None])
             correction = np.exp(peak - new_peak)
@@ -207,9 +213,7 @@ def flash_attention_backward(
         for rows in _blocks(n, block_q):
             if causal and cols.start > rows.stop - 1:
                 continue
-            s = q[..., rows, :] @ np.swapaxes(kj, -1, -2) * scale
-            if causal:
-                s = np.where(np.arange(rows.start, rows.stop)[:, None] >= np.arange(cols.start, cols.stop), s, -np.inf)
+            s = _tile_scores(q[..., rows, :] * scale, kj, rows, cols, causal)
             p = np.exp(s - lse[..., rows, None])
             do = dout[..., rows, :]
             dv[..., cols, :] += np.swapaxes(p, -1, -2) @ do
