@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -24,19 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, write_result  # noqa: E402
 
 from posttrainllm import attention as att  # noqa: E402
-from posttrainllm.matmul import measure_seconds  # noqa: E402
+from posttrainllm.measure import extra_peak_bytes, measure_seconds  # noqa: E402
 from posttrainllm.model import GPT, GPTConfig  # noqa: E402
 from posttrainllm.train import train  # noqa: E402
-
-
-def extra_peak(fn) -> int:
-    tracemalloc.start()
-    base = tracemalloc.get_traced_memory()[0]
-    result = fn()
-    peak = tracemalloc.get_traced_memory()[1] - base
-    tracemalloc.stop()
-    outputs = result if isinstance(result, tuple) else (result,)
-    return peak - sum(np.asarray(r).nbytes for r in outputs)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         flash = lambda q=q, k=k, v=v: att.flash_attention_forward(q, k, v, True, 128, 128)  # noqa: E731
         np.testing.assert_allclose(flash()[0], naive(), atol=1e-5)
         t_naive, t_flash = measure_seconds(naive, repeats), measure_seconds(flash, repeats)
-        m_naive, m_flash = extra_peak(naive), extra_peak(flash)
+        m_naive, m_flash = extra_peak_bytes(naive), extra_peak_bytes(flash)
         rows.append([n, f"{t_naive * 1e3:.1f}", f"{t_flash * 1e3:.1f}", f"{t_flash / t_naive:.2f}x",
                      f"{m_naive / 2**20:.2f}", f"{m_flash / 2**20:.2f}", f"{m_flash / m_naive:.1%}"])
     write_result(

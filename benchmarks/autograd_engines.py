@@ -21,7 +21,7 @@ from common import RESULTS, write_result  # noqa: E402
 
 from posttrainllm import nn  # noqa: E402
 from posttrainllm.autograd import Value  # noqa: E402
-from posttrainllm.matmul import measure_seconds  # noqa: E402
+from posttrainllm.measure import measure_seconds  # noqa: E402
 from posttrainllm.tensor import Tensor, mlp_forward  # noqa: E402
 from posttrainllm.toydata import make_moons  # noqa: E402
 

@@ -19,13 +19,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, write_result  # noqa: E402
 
 from posttrainllm import data  # noqa: E402
+from posttrainllm.measure import best_of  # noqa: E402
 from posttrainllm.tokenizer import Tokenizer, count_words, train_merges, train_naive  # noqa: E402
 
 HF_SCRIPT = """
@@ -87,15 +87,6 @@ def train_recount_all(text: str, vocab_size: int) -> list[tuple[int, int]]:
         merges.append(best)
         chunks = [merge_pair(ids, best, 256 + step) for ids in chunks]
     return merges
-
-
-def best_of(fn, repeats: int) -> tuple[float, object]:
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
 
 
 def hf_seconds(path: Path, vocab: int, threads: int, repeats: int) -> float:

@@ -10,11 +10,11 @@ counting, not fast code: numpy's ``@`` (BLAS) is the fast path.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+from posttrainllm.measure import measure_seconds
 
 
 def matmul_flops(m: int, n: int, k: int) -> int:
@@ -143,16 +143,6 @@ def tiled_slow_reads(m: int, n: int, k: int, tile: int) -> int:
     ``m*k*ceil(n/tile) + k*n*ceil(m/tile)``, which is ``2*m*n*k/tile`` when tile divides m and n.
     """
     return m * k * math.ceil(n / tile) + k * n * math.ceil(m / tile)
-
-
-def measure_seconds(fn: Callable[[], object], repeats: int = 5) -> float:
-    """The best of ``repeats`` wall-clock runs (the best is the least disturbed by other work)."""
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def measure_bandwidth_gbs(n_bytes: int = 64 * 2**20, repeats: int = 5) -> float:

@@ -124,8 +124,8 @@ def find(topics: list[Topic], name: str) -> Topic:
 
 
 def _render_why(text: str, eol: str) -> str:
-    paragraphs = [p for p in text.strip().splitlines()]
-    if not paragraphs or not text.strip():
+    paragraphs = text.strip().splitlines()
+    if not paragraphs:
         raise StudyQueueError('the "Why here" text is empty: write a sentence or two.')
     if any(not p.strip() for p in paragraphs):
         raise StudyQueueError(
