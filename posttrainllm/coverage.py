@@ -1,7 +1,8 @@
 """The coverage map: which notebook section teaches each package module and each kernel file.
 
-It is computed from the notebooks themselves (the imports and file names their code cells use,
-under the heading they sit in), so the book's coverage page cannot go stale.
+It is computed from the notebooks and the book pages that run code as MyST notebooks (the
+imports and file names their code cells use, under the heading they sit in), so the book's
+coverage page cannot go stale.
 """
 
 from __future__ import annotations
@@ -58,21 +59,37 @@ def modules_used(code: str) -> set[str]:
     return used
 
 
+def _cells(path: Path):
+    """``(kind, source)`` for each cell of an ``.ipynb``, or of a MyST text notebook (a ``.md`` page
+    whose ``{code-cell}`` blocks the book executes); the text between code cells is markdown."""
+    if path.suffix == ".ipynb":
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            yield cell["cell_type"], "".join(cell["source"])
+        return
+    for i, part in enumerate(re.split(r"^```\{code-cell\}[^\n]*\n(.*?)^```\s*$", path.read_text(encoding="utf-8"),
+                                      flags=re.M | re.S)):
+        yield ("code" if i % 2 else "markdown"), part
+
+
 def _cells_by_section(path: Path):
     """Yield ``(section title, anchor, code)`` for each code cell, tracking the heading it falls under."""
-    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     slugs = {title: slug for title, slug in headings(path)}
     title = anchor = ""
-    for cell in cells:
-        source = "".join(cell["source"])
-        if cell["cell_type"] == "markdown":
+    for kind, source in _cells(path):
+        if kind == "markdown":
             for line in source.splitlines():
                 match = re.match(r"^(#{1,3})\s+(.+?)\s*$", line)
                 if match:
                     title = match[2]
                     anchor = "" if match[1] == "#" else slugs.get(title, slugify(title))
-        elif cell["cell_type"] == "code":
+        elif kind == "code":
             yield title, anchor, source
+
+
+def teaching_pages(root: Path) -> list[Path]:
+    """The notebooks, then the book pages that are executable MyST notebooks."""
+    pages = sorted((root / "notebooks").glob("*.ipynb"))
+    return pages + [p for p in sorted((root / "book").glob("*.md")) if "\nfile_format: mystnb" in p.read_text("utf-8")]
 
 
 def coverage_map(root: Path | None = None) -> dict[str, list[Section]]:
@@ -81,7 +98,7 @@ def coverage_map(root: Path | None = None) -> dict[str, list[Section]]:
     items = {f"posttrainllm.{m}": [] for m in package_modules()}
     assets = asset_files(root)
     items.update({a: [] for a in assets})
-    for nb in sorted((root / "notebooks").glob("*.ipynb")):
+    for nb in teaching_pages(root):
         rel = nb.relative_to(root).as_posix()
         for title, anchor, code in _cells_by_section(nb):
             found = {f"posttrainllm.{m}" for m in modules_used(code)}

@@ -14,7 +14,7 @@ weight is drawn from N(0, 0.02), the residual output projections are scaled by
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
@@ -35,6 +35,8 @@ class GPTConfig:
     positions: str = "learned"  # or "rope"
     tie_weights: bool = True
     attention: str = "naive"  # or "flash": the same math, tile by tile
+    n_kv_head: int | None = None  # key/value heads: None = n_head (multi-head), 1 = multi-query, else grouped
+    window: int | None = None  # sliding-window attention: each query sees at most this many keys
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -45,6 +47,18 @@ class GPTConfig:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} does not split into n_head={self.n_head} heads")
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"n_head={self.n_head} query heads do not group evenly over n_kv_head={self.n_kv_head}")
+        if self.window is not None and (self.window < 1 or self.attention == "flash"):
+            raise ValueError(f"window={self.window} needs a size >= 1 and attention='naive' (our FA2 is full causal)")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
 
 
 class RMSNorm(nn.Module):
@@ -59,36 +73,71 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def rope(x: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding on (..., T, D): rotate channel pairs by position-dependent
-    angles, so the dot product of a rotated query and key depends only on their distance."""
+def rope(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """Rotary position embedding on (..., T, D) at positions ``offset .. offset+T-1``: rotate channel
+    pairs by position-dependent angles, so a rotated query·key depends only on their distance."""
     t, d = x.shape[-2], x.shape[-1]
     freqs = 1.0 / 10000 ** (torch.arange(0, d, 2, dtype=x.dtype, device=x.device) / d)
-    angles = torch.arange(t, dtype=x.dtype, device=x.device)[:, None] * freqs
+    angles = torch.arange(offset, offset + t, dtype=x.dtype, device=x.device)[:, None] * freqs
     cos, sin = angles.cos(), angles.sin()
     even, odd = x[..., 0::2], x[..., 1::2]
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+class KVCache:
+    """Keys and values already computed, per layer, so decoding a token costs one row, not a
+    recomputation of the whole prefix. It stores ``n_kv_head`` heads — the memory that grouped- and
+    multi-query attention save — and, with a sliding window, only the last ``window`` positions."""
+
+    def __init__(self, n_layer: int) -> None:
+        self.layers: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * n_layer
+        self.length = 0  # positions seen so far (including any a window has dropped)
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes for kv in self.layers if kv for t in kv)
+
+
+def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """True where query position ``i`` may read key position ``j``: ``j <= i`` and, with a window,
+    ``i - j < window``."""
+    allowed = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        allowed &= q_pos[:, None] - k_pos[None, :] < window
+    return allowed
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
+        kv_dim = config.kv_heads * config.head_dim
+        self.sizes = (config.n_embd, kv_dim, kv_dim)
+        self.qkv = nn.Linear(config.n_embd, sum(self.sizes))
         self.proj = nn.Linear(config.n_embd, config.n_embd)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        h = self.config.n_head
-        q, k, v = (z.view(b, t, h, c // h).transpose(1, 2) for z in self.qkv(x).split(c, dim=2))
-        if self.config.positions == "rope":
-            q, k = rope(q), rope(k)
-        if self.config.attention == "flash":
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        cfg, (b, t, c) = self.config, x.shape
+        q, k, v = self.qkv(x).split(self.sizes, dim=2)
+        q = q.view(b, t, cfg.n_head, cfg.head_dim).transpose(1, 2)
+        k, v = (z.view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2) for z in (k, v))
+        offset = cache.length if cache is not None else 0
+        if cfg.positions == "rope":
+            q, k = rope(q, offset), rope(k, offset)
+        if cache is not None:
+            if cache.layers[layer] is not None:
+                k, v = (torch.cat(pair, dim=2) for pair in zip(cache.layers[layer], (k, v), strict=True))
+            # keys older than the window can never be read by a later query: drop them
+            keep = slice(-cfg.window, None) if cfg.window is not None else slice(None)
+            cache.layers[layer] = (k[:, :, keep], v[:, :, keep])
+        # grouped-query attention: each key/value head serves n_head / kv_heads query heads
+        k, v = (z.repeat_interleave(cfg.n_head // cfg.kv_heads, dim=1) for z in (k, v))
+        if cfg.attention == "flash" and offset == 0:
             y = flash_attention(q, k, v, causal=True)
-        else:
-            scores = q @ k.transpose(-2, -1) / math.sqrt(c // h)
-            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-            y = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+        else:  # the reference: materialise the scores and mask them
+            q_pos = torch.arange(offset, offset + t, device=x.device)
+            k_pos = torch.arange(offset + t - k.shape[2], offset + t, device=x.device)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(cfg.head_dim)
+            y = scores.masked_fill(~attention_mask(q_pos, k_pos, cfg.window), float("-inf")).softmax(-1) @ v
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
@@ -116,8 +165,8 @@ class Block(nn.Module):
         self.norm1, self.attn = norm(config.n_embd), CausalSelfAttention(config)
         self.norm2, self.mlp = norm(config.n_embd), MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cache, layer)
         return x + self.mlp(self.norm2(x))
 
 
@@ -146,16 +195,23 @@ class GPT(nn.Module):
                 else:
                     p.fill_(1.0)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """Logits (batch, time, vocab); with ``targets``, also the mean cross-entropy loss."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
+        """Logits (batch, time, vocab); with ``targets``, also the mean cross-entropy loss.
+
+        With a ``cache``, ``idx`` continues the sequence the cache has seen (positions start at
+        ``cache.length``) and the new keys and values are appended to it.
+        """
         b, t = idx.shape
-        if t > self.config.block_size:
-            raise ValueError(f"sequence of length {t} is longer than block_size={self.config.block_size}")
+        offset = cache.length if cache is not None else 0
+        if offset + t > self.config.block_size:
+            raise ValueError(f"sequence of length {offset + t} is longer than block_size={self.config.block_size}")
         x = self.tok_emb(idx)
         if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(t, device=idx.device))
-        for block in self.blocks:
-            x = block(x)
+            x = x + self.pos_emb(torch.arange(offset, offset + t, device=idx.device))
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache, i)
+        if cache is not None:
+            cache.length += t
         logits = self.head(self.norm(x))
         if targets is None:
             return logits
@@ -163,6 +219,29 @@ class GPT(nn.Module):
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, tokens: int, bytes_per_value: int = 2) -> int:
+    """Memory of a KV cache: a key and a value vector per layer, per key/value head, per token."""
+    return 2 * n_layer * n_kv_head * head_dim * tokens * bytes_per_value
+
+
+def group_kv_heads(model: GPT, n_kv_head: int) -> GPT:
+    """A grouped-query copy of a multi-head ``model``: each group's key and value projections are
+    the mean of its heads' (the GQA paper's conversion, before any further training)."""
+    cfg = model.config
+    if cfg.kv_heads != cfg.n_head:
+        raise ValueError("group_kv_heads converts a multi-head model (n_kv_head=None)")
+    grouped = GPT(replace(cfg, n_kv_head=n_kv_head))
+    state = model.state_dict()
+    for i in range(cfg.n_layer):
+        for name in ("weight", "bias"):
+            key = f"blocks.{i}.attn.qkv.{name}"
+            q, k, v = state[key].split(cfg.n_embd)
+            pooled = [z.view(n_kv_head, -1, cfg.head_dim, *z.shape[1:]).mean(1).flatten(0, 1) for z in (k, v)]
+            state[key] = torch.cat([q, *pooled])
+    grouped.load_state_dict(state)
+    return grouped
 
 
 def export_weights(model: GPT) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -46,8 +47,12 @@ def train(
     eval_every: int = 0,
     seed: int = 0,
     progress: bool = False,
+    callback: Callable[[int, dict], None] | None = None,
 ) -> dict:
-    """AdamW on random windows of ``train_ids``. Returns ``{"train": [...], "val": [(step, loss)]}``."""
+    """AdamW on random windows of ``train_ids``. Returns ``{"train": [...], "val": [(step, loss)]}``.
+
+    ``callback(step, history)`` runs after every step (a live plot, an early stop, a log line).
+    """
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     history: dict = {"train": [], "val": []}
@@ -65,6 +70,8 @@ def train(
         history["train"].append(loss.item())
         if val_ids is not None and eval_every and (step + 1) % eval_every == 0:
             history["val"].append((step + 1, evaluate(model, val_ids)))
+        if callback is not None:
+            callback(step, history)
     return history
 
 

@@ -7,6 +7,10 @@
 - ``book/benchmarks``: the result tables committed under ``benchmarks/results/``.
 
 A page marks where generated text goes with a line ``<!-- generated: NAME -->``.
+
+It also makes the kernels that myst-nb starts for executed pages (``book/llm-mechanics.md``)
+encrypt their channels with CurveZMQ, as the ipykernel warning about plain TCP asks: myst-nb
+passes no kernel-manager settings through, so the default is set here.
 """
 
 from __future__ import annotations
@@ -111,7 +115,14 @@ def drop_duplicate_scripts(app, pagename, templatename, context, doctree) -> Non
     context["script_files"] = unique
 
 
+def encrypt_kernel_channels() -> None:
+    from jupyter_client.manager import KernelManager
+
+    KernelManager.transport_encryption.default_value = "auto"  # used when the kernelspec supports curve
+
+
 def setup(app):
+    encrypt_kernel_channels()
     app.connect("source-read", on_source_read)
     app.connect("html-page-context", drop_duplicate_scripts)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

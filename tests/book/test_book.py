@@ -14,7 +14,7 @@ def test_book_builds_strictly_with_warnings_as_errors(built_book):
 def test_every_page_of_the_toc_is_built(built_book):
     html = BUILD / "html"
     for page in ["book/intro", "book/curriculum", "book/study-queue", "book/coverage", "book/notebook-times",
-                 "book/references", "notebooks/01-from-a-line", "notebooks/02-gradient-descent"]:
+                 "book/references", "book/llm-mechanics", "notebooks/01-from-a-line", "notebooks/02-gradient-descent"]:
         assert (html / f"{page}.html").is_file(), page
 
 
@@ -38,3 +38,10 @@ def test_pages_reference_no_other_host_for_scripts_or_styles(built_book):
         text = page.read_text(encoding="utf-8")
         remote = re.findall(r'<(?:script|link)[^>]+(?:src|href)="(https?://[^"]+)"', text)
         assert not remote, f"{page.name} loads {remote}"
+
+
+def test_the_mechanics_chapter_was_executed_by_the_build(built_book):
+    page = (BUILD / "html" / "book" / "llm-mechanics.html").read_text(encoding="utf-8")
+    assert "changing token 0 moves logits up to position 9; L(W-1) = 9" in page
+    assert re.search(r"top-1 aux=0.01: busiest expert 1\.\d\dx its fair share", page)
+    assert page.count('<img alt="_images/') + page.count('src="../_images/') >= 3  # its figures

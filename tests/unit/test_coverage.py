@@ -43,3 +43,13 @@ def test_markdown_table_lists_untaught_items_plainly(tmp_path):
     table = coverage.markdown_table(tmp_path)
     assert "| `posttrainllm.linear` | **not taught yet** |" in table
     assert "`posttrainllm.cli`" in table.split("| --- | --- |")[1].splitlines()[-1]
+
+
+def test_executable_book_pages_count_as_teaching_but_plain_pages_do_not(tmp_path):
+    (tmp_path / "book").mkdir()
+    code = "```{code-cell} python3\n# a comment, not a heading\nfrom posttrainllm import moe\n```\n"
+    (tmp_path / "book" / "ref.md").write_text(f"---\nfile_format: mystnb\n---\n# Ref\n\n## Experts\n\n{code}")
+    (tmp_path / "book" / "plain.md").write_text(f"# Plain\n\n## Linear\n\n{code.replace('moe', 'linear')}")
+    sections = coverage.coverage_map(tmp_path)
+    assert sections["posttrainllm.moe"] == [coverage.Section("book/ref.md", "Experts", "experts")]
+    assert sections["posttrainllm.linear"] == []

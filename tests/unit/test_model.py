@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from posttrainllm import train as training
-from posttrainllm.model import GPT, GPTConfig, RMSNorm, export_weights, rope
+from posttrainllm.model import GPT, GPTConfig, KVCache, RMSNorm, export_weights, group_kv_heads, kv_cache_bytes, rope
 
 SMALL = GPTConfig(vocab_size=50, block_size=24, n_layer=2, n_head=2, n_embd=16)
 VARIANTS = [
@@ -34,6 +34,74 @@ def test_rope_scores_depend_only_on_relative_position():
     scores = (rq @ rk.transpose(-1, -2))[0, 0]
     assert torch.allclose(scores[5, 2], scores[9, 6]) and torch.allclose(scores[3, 3], scores[11, 11])
     assert not torch.allclose(scores[5, 2], scores[5, 3])
+
+
+CACHED = [
+    SMALL,
+    dataclasses.replace(SMALL, positions="rope", n_kv_head=1),
+    dataclasses.replace(SMALL, n_head=4, n_kv_head=2, window=5),
+]
+
+
+@pytest.mark.parametrize("config", CACHED, ids=["mha-learned", "mqa-rope", "gqa-window"])
+def test_decoding_with_a_kv_cache_gives_the_full_forward_logits(config):
+    model = GPT(config).eval()
+    idx = torch.randint(0, config.vocab_size, (2, 17), generator=torch.Generator().manual_seed(1))
+    cache = KVCache(config.n_layer)
+    with torch.no_grad():
+        full = model(idx)
+        pieces = [model(idx[:, :9], cache=cache)] + [model(idx[:, i : i + 1], cache=cache) for i in range(9, 17)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=1e-4)
+    assert cache.length == 17
+
+
+def test_kv_cache_memory_scales_with_kv_heads_and_is_capped_by_the_window():
+    def cache_bytes(**changes) -> int:
+        config = dataclasses.replace(SMALL, n_head=4, **changes)
+        cache = KVCache(config.n_layer)
+        with torch.no_grad():
+            GPT(config)(torch.zeros(1, 20, dtype=torch.long), cache=cache)
+        return cache.nbytes()
+
+    mha = cache_bytes()
+    assert mha == 2 * SMALL.n_layer * 20 * SMALL.n_embd * 4  # K and V, every layer, every position, fp32
+    assert cache_bytes(n_kv_head=2) * 2 == mha and cache_bytes(n_kv_head=1) * 4 == mha
+    assert cache_bytes(window=5) * 4 == mha
+
+
+def test_grouped_query_attention_with_shared_heads_equals_multi_head_with_repeated_weights():
+    gqa = GPT(dataclasses.replace(SMALL, n_head=4, n_kv_head=2))
+    mha = GPT(dataclasses.replace(SMALL, n_head=4))
+    state = gqa.state_dict()
+    for i in range(SMALL.n_layer):  # copy each shared K/V head into both query heads of its group
+        for name in ("weight", "bias"):
+            q, k, v = state[f"blocks.{i}.attn.qkv.{name}"].split([16, 8, 8])
+            k, v = (z.view(2, 4, *z.shape[1:]).repeat_interleave(2, 0).reshape(16, *z.shape[1:]) for z in (k, v))
+            state[f"blocks.{i}.attn.qkv.{name}"] = torch.cat([q, k, v])
+    mha.load_state_dict(state)
+    idx = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(gqa(idx), mha(idx))
+    assert gqa.n_params() < mha.n_params()
+
+
+def test_sliding_window_hides_keys_older_than_the_window():
+    model = GPT(dataclasses.replace(SMALL, n_layer=1, window=4)).eval()
+    a = torch.randint(0, 50, (1, 12), generator=torch.Generator().manual_seed(3))
+    b = a.clone()
+    b[0, 0] = (a[0, 0] + 1) % 50  # change the first token only
+    with torch.no_grad():
+        la, lb = model(a), model(b)
+    assert not torch.allclose(la[0, 3], lb[0, 3])  # position 3 still sees position 0
+    torch.testing.assert_close(la[0, 4:], lb[0, 4:])  # one layer, window 4: positions >= 4 cannot
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [({"n_kv_head": 3}, "group evenly"), ({"window": 0}, "size >= 1"), ({"window": 4, "attention": "flash"}, "naive")],
+)
+def test_bad_attention_configs_are_refused_with_the_reason(changes, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(SMALL, n_head=4, **changes)
 
 
 def test_rmsnorm_matches_torch():
@@ -105,3 +173,23 @@ def test_checkpoint_round_trip_and_clear_errors_for_bad_files(tmp_path):
     with pytest.raises(ValueError, match="not a readable checkpoint"):
         training.load_checkpoint(text)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign.pt", "model.pt", "notes.txt", "truncated.pt"]
+
+
+def test_kv_cache_formula_matches_a_measured_cache():
+    config = dataclasses.replace(SMALL, n_head=4, n_kv_head=2)
+    cache = KVCache(config.n_layer)
+    with torch.no_grad():
+        GPT(config)(torch.zeros(3, 11, dtype=torch.long), cache=cache)
+    assert cache.nbytes() == 3 * kv_cache_bytes(config.n_layer, 2, config.head_dim, 11, bytes_per_value=4)
+
+
+def test_grouping_kv_heads_averages_each_group_and_is_exact_when_heads_already_agree():
+    base = GPT(dataclasses.replace(SMALL, n_head=4))
+    one_group = group_kv_heads(base, 4)  # groups of one head: nothing to average
+    idx = torch.randint(0, 50, (2, 10), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(one_group(idx), base(idx))
+    mqa = group_kv_heads(base, 1)
+    k_rows = base.blocks[0].attn.qkv.weight[16:32].view(4, 4, 16)
+    torch.testing.assert_close(mqa.blocks[0].attn.qkv.weight[16:20], k_rows.mean(0))
+    with pytest.raises(ValueError, match="multi-head"):
+        group_kv_heads(mqa, 1)
