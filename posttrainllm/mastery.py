@@ -272,3 +272,44 @@ def check_online_softmax_update(update: Callable[[float, float, float], tuple[fl
                 f"expected ({want_peak:.4g}, {want_total:.6g}){hint}"
             )
     return result
+
+
+def check_adamw_update(update: Callable) -> GateResult:
+    """Gate for module 8: ``update(w, g, m, v, t, lr, betas, eps, weight_decay) -> (w, m, v)``,
+    one AdamW step, compared with ``torch.optim.AdamW`` run on the same gradients.
+
+    The cases separate the usual slips: no bias correction (wrong on the first steps), weight
+    decay through the gradient (Adam's L2, not AdamW's), and decay missing altogether.
+    """
+    import torch
+
+    result = GateResult("adamw_update")
+    rng = np.random.default_rng(8)
+    cases = [
+        ("the first step (bias correction matters most here)", 1, 0.0),
+        ("five steps without weight decay", 5, 0.0),
+        ("five steps with weight decay 0.1 (decoupled from the gradient)", 5, 0.1),
+        ("gradients of very different sizes per weight", 5, 0.1),
+    ]
+    for label, steps, wd in cases:
+        result.cases += 1
+        w0 = rng.standard_normal(6)
+        scale = np.array([1e-3, 1e-2, 1.0, 1.0, 10.0, 100.0]) if "sizes" in label else np.ones(6)
+        grads = rng.standard_normal((steps, 6)) * scale
+        p = torch.tensor(w0, requires_grad=True)
+        reference = torch.optim.AdamW([p], lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+        w, m, v = w0.copy(), np.zeros(6), np.zeros(6)
+        error = None
+        for t, g in enumerate(grads, start=1):
+            p.grad = torch.tensor(g)
+            reference.step()
+            out, error = _call(update, w, g.copy(), m, v, t, 0.01, (0.9, 0.999), 1e-8, wd)
+            if error:
+                break
+            w, m, v = (np.asarray(a, dtype=float) for a in out)
+        want = p.detach().numpy()
+        if error:
+            result.failures.append(f"{label}: {error}")
+        elif not np.allclose(w, want, rtol=0, atol=1e-9):
+            result.failures.append(f"{label}: weights {_fmt(w)}, expected {_fmt(want)}")
+    return result

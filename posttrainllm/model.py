@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from posttrainllm.attention import flash_attention
+from posttrainllm.checkpointing import recompute
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,10 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
+        # gradient checkpointing (module 8): when > 0, training runs the blocks in segments of
+        # this many and recomputes their activations in the backward pass. Not part of the
+        # config because it changes memory and time, never the numbers.
+        self.recompute_segment = 0
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos_emb = nn.Embedding(config.block_size, config.n_embd) if config.positions == "learned" else None
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
@@ -208,8 +213,7 @@ class GPT(nn.Module):
         x = self.tok_emb(idx)
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(offset, offset + t, device=idx.device))
-        for i, block in enumerate(self.blocks):
-            x = block(x, cache, i)
+        x = self._blocks(x, cache)
         if cache is not None:
             cache.length += t
         logits = self.head(self.norm(x))
@@ -217,8 +221,25 @@ class GPT(nn.Module):
             return logits
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
+    def _blocks(self, x: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        k = self.recompute_segment
+        if not k or cache is not None or not torch.is_grad_enabled():
+            for i, block in enumerate(self.blocks):
+                x = block(x, cache, i)
+            return x
+        for start in range(0, len(self.blocks), k):
+            segment = self.blocks[start : start + k]
+            x = recompute(lambda h, seg=segment: _run(seg, h), x, list(segment.parameters()))
+        return x
+
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def _run(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+    for block in blocks:
+        x = block(x)
+    return x
 
 
 def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, tokens: int, bytes_per_value: int = 2) -> int:

@@ -46,8 +46,7 @@ def _build(recipe: Recipe) -> tuple[GPT, Tokenizer]:
 
     text = data.corpus(recipe.corpus_chars, seed=recipe.corpus_seed)
     tokenizer = Tokenizer.train(text, recipe.vocab_size, special_tokens=["<|endoftext|>"])
-    ids = np.array(tokenizer.encode_ordinary(text))
-    train_ids, _ = data.train_val_split(ids, 0.1)
+    train_ids, _ = corpus_split(tokenizer, recipe)
     torch.manual_seed(recipe.seed)
     config = GPTConfig(
         vocab_size=tokenizer.vocab_size, block_size=recipe.block_size, n_layer=recipe.n_layer,
@@ -77,7 +76,12 @@ def base_model(recipe: Recipe = Recipe(), cache_dir: Path | None = None) -> tupl
     return model, tokenizer
 
 
-def held_out_ids(tokenizer: Tokenizer, recipe: Recipe = Recipe()) -> np.ndarray:
-    """The validation tokens of the base model's corpus (the last 10%, never trained on)."""
+def corpus_split(tokenizer: Tokenizer, recipe: Recipe = Recipe()) -> tuple[np.ndarray, np.ndarray]:
+    """The base model's corpus as tokens: ``(train, held_out)``, the held-out part the last 10%."""
     text = data.corpus(recipe.corpus_chars, seed=recipe.corpus_seed)
-    return data.train_val_split(np.array(tokenizer.encode_ordinary(text)), 0.1)[1]
+    return data.train_val_split(np.array(tokenizer.encode_ordinary(text)), 0.1)
+
+
+def held_out_ids(tokenizer: Tokenizer, recipe: Recipe = Recipe()) -> np.ndarray:
+    """The validation tokens of the base model's corpus (never trained on)."""
+    return corpus_split(tokenizer, recipe)[1]

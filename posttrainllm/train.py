@@ -19,6 +19,7 @@ import torch
 
 from posttrainllm.data import get_batch
 from posttrainllm.model import GPT, GPTConfig
+from posttrainllm.optim import clip_grad_norm, set_lr
 from posttrainllm.sampling import sample
 
 CHECKPOINT_FORMAT = "posttrainllm-gpt-checkpoint v1"
@@ -48,26 +49,39 @@ def train(
     seed: int = 0,
     progress: bool = False,
     callback: Callable[[int, dict], None] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    lr_schedule: Callable[[int], float] | None = None,
+    max_grad_norm: float | None = None,
 ) -> dict:
-    """AdamW on random windows of ``train_ids``. Returns ``{"train": [...], "val": [(step, loss)]}``.
+    """Train on random windows of ``train_ids``. Returns ``{"train": [...], "val": [(step, loss)],
+    "lr": [...], "grad_norm": [...]}`` (``grad_norm`` only when clipping).
 
-    ``callback(step, history)`` runs after every step (a live plot, an early stop, a log line).
+    The optimizer defaults to ``torch.optim.AdamW(lr=lr, weight_decay=0)``; module 8 passes its
+    own. ``lr_schedule(step)`` sets the learning rate before each step; ``max_grad_norm`` clips
+    the global gradient norm. ``callback(step, history)`` runs after every step (a live plot, an
+    early stop, a log line).
     """
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    history: dict = {"train": [], "val": []}
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    history: dict = {"train": [], "val": [], "lr": [], "grad_norm": []}
     steps_iter = range(steps)
     if progress:
         from tqdm.auto import tqdm
 
         steps_iter = tqdm(steps_iter, desc="training", leave=False)
     for step in steps_iter:
+        if lr_schedule is not None:
+            set_lr(optimizer, lr_schedule(step))
         x, y = get_batch(train_ids, batch_size, model.config.block_size, generator=generator)
         _, loss = model(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if max_grad_norm is not None:
+            history["grad_norm"].append(clip_grad_norm(model.parameters(), max_grad_norm))
         optimizer.step()
         history["train"].append(loss.item())
+        history["lr"].append(optimizer.param_groups[0]["lr"])
         if val_ids is not None and eval_every and (step + 1) % eval_every == 0:
             history["val"].append((step + 1, evaluate(model, val_ids)))
         if callback is not None:

@@ -15,6 +15,7 @@ SCRIPTS = {  # script -> the result tables it writes
     "autograd_engines": ["autograd_engines"],
     "matmul": ["matmul"],
     "tokenizer": ["tokenizer_training", "tokenizer_encoding"],
+    "training_mechanics": ["checkpointing", "precision", "data_parallel"],
 }
 
 
