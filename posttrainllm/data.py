@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import tempfile
 import urllib.request
 from collections.abc import Iterator
@@ -182,13 +183,24 @@ def _tell_storybook(p: dict, rng: random.Random) -> str:
     return " ".join(sentences)
 
 
+def plan(index: int, seed: int = 0) -> dict:
+    """The content of story ``index`` — characters, places, object, events — before any wording
+    (module 9 builds questions with checkable answers from it)."""
+    return _plan(random.Random(f"content:{seed}:{index}"))
+
+
 def story(index: int, seed: int = 0, register: str = "plain") -> str:
     """Story number ``index``: the same content in both registers, worded per register."""
     if register not in REGISTERS:
         raise ValueError(f"register must be one of {REGISTERS}, got {register!r}")
-    plan = _plan(random.Random(f"content:{seed}:{index}"))
     wording = random.Random(f"wording:{seed}:{index}:{register}")
-    return (_tell_plain if register == "plain" else _tell_storybook)(plan, wording)
+    return (_tell_plain if register == "plain" else _tell_storybook)(plan(index, seed), wording)
+
+
+def sentences(index: int, seed: int = 0, register: str = "plain") -> list[str]:
+    """Story ``index`` split into its nine sentences; sentence ``k`` tells the same beat in both
+    registers (opening, event, feeling, friend, traveller, journey, finding, thanks, moral)."""
+    return re.split(r'(?<=[.!?]) (?=[A-Z])|(?<=[.!?]") (?=[A-Z])', story(index, seed, register))
 
 
 def stories(seed: int = 0, register: str = "plain", start: int = 0) -> Iterator[str]:

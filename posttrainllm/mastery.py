@@ -313,3 +313,34 @@ def check_adamw_update(update: Callable) -> GateResult:
         elif not np.allclose(w, want, rtol=0, atol=1e-9):
             result.failures.append(f"{label}: weights {_fmt(w)}, expected {_fmt(want)}")
     return result
+
+
+def check_lora_forward(lora_forward: Callable) -> GateResult:
+    """Gate for module 9: ``lora_forward(x, W, b, A, B, alpha, r) -> y``, a LoRA layer's output
+    ``x W^T + b + (alpha / r) x A^T B^T`` for a batch ``x`` of row vectors.
+
+    The cases catch the usual slips: a missing ``alpha / r`` scale, A and B multiplied in the
+    wrong order or untransposed, and forgetting the frozen base path.
+    """
+    result = GateResult("lora_forward")
+    rng = np.random.default_rng(9)
+    cases = [
+        ("a fresh adapter (B = 0): the output is the base layer's", 4, 6, 2, 8.0, True),
+        ("a trained adapter, square layer", 5, 5, 2, 4.0, False),
+        ("a trained adapter, 3 inputs -> 7 outputs, alpha != r", 3, 7, 1, 16.0, False),
+        ("rank 4 with alpha = r (scale 1)", 6, 4, 4, 4.0, False),
+    ]
+    for label, d_in, d_out, r, alpha, fresh in cases:
+        result.cases += 1
+        x, w, b = rng.standard_normal((3, d_in)), rng.standard_normal((d_out, d_in)), rng.standard_normal(d_out)
+        a = rng.standard_normal((r, d_in))
+        bb = np.zeros((d_out, r)) if fresh else rng.standard_normal((d_out, r))
+        want = x @ w.T + b + (alpha / r) * (x @ a.T) @ bb.T
+        got, err = _call(lora_forward, x.copy(), w.copy(), b.copy(), a.copy(), bb.copy(), alpha, r)
+        if err:
+            result.failures.append(f"{label}: {err}")
+        elif np.shape(got) != want.shape:
+            result.failures.append(f"{label}: output shape {np.shape(got)}, expected {want.shape}")
+        elif not np.allclose(got, want, atol=1e-9):
+            result.failures.append(f"{label}: first row {_fmt(np.asarray(got)[0])}, expected {_fmt(want[0])}")
+    return result

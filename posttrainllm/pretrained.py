@@ -21,6 +21,8 @@ from posttrainllm.model import GPT, GPTConfig
 from posttrainllm.tokenizer import Tokenizer
 from posttrainllm.train import load_checkpoint, save_checkpoint, train
 
+BUILD_VERSION = 2  # bump whenever _build or corpus_split changes what the same recipe produces
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -35,17 +37,21 @@ class Recipe:
     batch_size: int = 16
     lr: float = 3e-3
     seed: int = 0
+    # the first ends every story in pretraining; the chat tokens are never seen until module 9
+    special_tokens: tuple[str, ...] = ("<|endoftext|>", "<|user|>", "<|assistant|>")
 
     @property
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        """Names the cache files: changes with any field, and with how :func:`_build` trains."""
+        fields = {**asdict(self), "build": BUILD_VERSION}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _build(recipe: Recipe) -> tuple[GPT, Tokenizer]:
     import torch
 
     text = data.corpus(recipe.corpus_chars, seed=recipe.corpus_seed)
-    tokenizer = Tokenizer.train(text, recipe.vocab_size, special_tokens=["<|endoftext|>"])
+    tokenizer = Tokenizer.train(text, recipe.vocab_size, special_tokens=recipe.special_tokens)
     train_ids, _ = corpus_split(tokenizer, recipe)
     torch.manual_seed(recipe.seed)
     config = GPTConfig(
@@ -77,9 +83,12 @@ def base_model(recipe: Recipe = Recipe(), cache_dir: Path | None = None) -> tupl
 
 
 def corpus_split(tokenizer: Tokenizer, recipe: Recipe = Recipe()) -> tuple[np.ndarray, np.ndarray]:
-    """The base model's corpus as tokens: ``(train, held_out)``, the held-out part the last 10%."""
-    text = data.corpus(recipe.corpus_chars, seed=recipe.corpus_seed)
-    return data.train_val_split(np.array(tokenizer.encode_ordinary(text)), 0.1)
+    """The base model's corpus as tokens: ``(train, held_out)``, the held-out part the last 10%.
+    Each story ends with ``<|endoftext|>`` (the first special token), as documents do in GPT-2's
+    training data, so the model learns when a text is over — which module 9's answers rely on."""
+    end = recipe.special_tokens[0]
+    text = data.corpus(recipe.corpus_chars, seed=recipe.corpus_seed).replace("\n", end)
+    return data.train_val_split(np.array(tokenizer.encode(text, allowed_special={end})), 0.1)
 
 
 def held_out_ids(tokenizer: Tokenizer, recipe: Recipe = Recipe()) -> np.ndarray:
