@@ -344,3 +344,34 @@ def check_lora_forward(lora_forward: Callable) -> GateResult:
         elif not np.allclose(got, want, atol=1e-9):
             result.failures.append(f"{label}: first row {_fmt(np.asarray(got)[0])}, expected {_fmt(want[0])}")
     return result
+
+
+def check_expected_tokens(expected_tokens: Callable[[float, int], float],
+                          measured: dict[int, tuple[float, float]] | None = None) -> GateResult:
+    """Gate for module 10: ``expected_tokens(alpha, k)``, the mean tokens per target forward of
+    speculative decoding with ``k`` drafted tokens each accepted with probability ``alpha``.
+
+    Checked against the closed form at a few points, including the edges (``alpha = 0``: one token
+    per forward; ``alpha = 1``: ``k + 1``), and, when ``measured`` maps ``k`` to the notebook's
+    ``(alpha, tokens per forward)``, against those runs within 10%.
+    """
+    from posttrainllm.speculative import expected_tokens_per_forward
+
+    result = GateResult("expected_tokens")
+    points = [(0.0, 4), (0.5, 2), (0.8, 4), (0.95, 8), (1.0, 3)]
+    for alpha, k in points:
+        result.cases += 1
+        got, err = _call(expected_tokens, alpha, k)
+        want = expected_tokens_per_forward(alpha, k)
+        if err:
+            result.failures.append(f"alpha={alpha}, k={k}: {err}")
+        elif not np.isclose(got, want):
+            hint = " -- count the bonus token: all k accepted gives k + 1" if alpha == 1.0 else ""
+            result.failures.append(f"alpha={alpha}, k={k}: got {got:.4g}, expected {want:.4g}{hint}")
+    for k, (alpha, tokens) in (measured or {}).items():
+        result.cases += 1
+        got, err = _call(expected_tokens, alpha, k)
+        if err or not np.isclose(got, tokens, rtol=0.1):
+            result.failures.append(f"measured run k={k} (alpha={alpha:.3f}): {tokens:.2f} tokens per forward, "
+                                   f"your formula says {got if err is None else err}")
+    return result

@@ -97,6 +97,13 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.nbytes for kv in self.layers if kv for t in kv)
 
+    def crop(self, length: int) -> None:
+        """Forget every position from ``length`` on (speculative decoding drops rejected tokens)."""
+        if self.length > length:
+            drop = self.length - length
+            self.layers = [None if kv is None else (kv[0][:, :, :-drop], kv[1][:, :, :-drop]) for kv in self.layers]
+            self.length = length
+
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
     """True where query position ``i`` may read key position ``j``: ``j <= i`` and, with a window,

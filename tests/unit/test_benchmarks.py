@@ -16,6 +16,7 @@ SCRIPTS = {  # script -> the result tables it writes
     "matmul": ["matmul"],
     "tokenizer": ["tokenizer_training", "tokenizer_encoding"],
     "training_mechanics": ["checkpointing", "precision", "data_parallel"],
+    "speculative": ["speculative_decoding", "sae_throughput"],
 }
 
 

@@ -200,3 +200,31 @@ def test_the_gate_formula_is_what_lora_linear_computes():
     x = torch.randn(4, 5)
     a, b = wrapped.A["x"], wrapped.B["x"]
     torch.testing.assert_close(wrapped(x), x @ layer.weight.T + layer.bias + 3.0 * (x @ a.T) @ b.T)
+
+
+def test_feedback_log_keeps_corrections_and_names_a_damaged_line(tmp_path):
+    from posttrainllm.continual import Correction, FeedbackLog
+
+    log = FeedbackLog(tmp_path / "usage" / "corrections.jsonl")
+    assert log.corrections() == []
+    log.append(Correction("Who lost a map?", "Mira", "Ada"))
+    log.append(Correction("Where was it?", "the hill", "the cave"))
+    assert [c.correct for c in log.corrections()] == ["Ada", "the cave"]
+    with log.path.open("a") as f:
+        f.write('{"prompt": "half a line\n')
+    with pytest.raises(ValueError, match="line 3"):
+        log.corrections()
+
+
+def test_serving_logs_every_wrong_answer_and_a_refresh_trains_a_new_adapter_on_them(tok, model, tmp_path):
+    from posttrainllm import continual
+
+    lora.inject(model, TARGETS, rank=2, name="v0")
+    log = continual.FeedbackLog(tmp_path / "log.jsonl")
+    requests = sft.examples("questions", 6)
+    accuracy = continual.serve(model, tok, requests, log)
+    assert len(log.corrections()) == round((1 - accuracy) * 6) and accuracy < 1
+    frozen = {n: p.clone() for n, p in model.named_parameters() if ".base." in n}
+    continual.refresh(model, tok, log, replay=requests[:2], name="v1", targets=TARGETS, rank=2, steps=5)
+    assert {m.active for m in model.modules() if isinstance(m, lora.LoRALinear)} == {"v1"}
+    assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
