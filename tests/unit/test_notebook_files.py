@@ -34,9 +34,13 @@ def test_every_code_cell_was_executed_in_order_and_stored(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+# The most each module's issue allows on 2 cores; module 10 is 120 s plus 60 s for its GRPO part.
+MAX_BUDGET_S = {"07": 90, "08": 90, "09": 90, "10": 180}
+
+
 def test_notebook_declares_a_budget_and_opens_with_where_we_start(path):
     nb = json.loads(path.read_text(encoding="utf-8"))
-    assert 0 < nb["metadata"]["posttrainllm"]["budget_s"] <= 120
+    assert 0 < nb["metadata"]["posttrainllm"]["budget_s"] <= MAX_BUDGET_S.get(path.name[:2], 120)
     first = "".join(nb["cells"][0]["source"])
     assert first.startswith("# Module ") and "Where we're starting" in first
 

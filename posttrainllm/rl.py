@@ -1,0 +1,134 @@
+"""Module 10: reinforcement learning from verifiable rewards — GRPO (Shao et al., 2024).
+
+For each prompt, sample a *group* of ``G`` completions from the policy and score each with a
+reward function. A completion's **advantage** is its reward minus the group's mean, divided by
+the group's standard deviation: better than its siblings means positive, whatever the reward's
+scale, and no value network is needed. The policy then maximises the PPO-style clipped objective
+``min(r A, clip(r, 1 - eps, 1 + eps) A)`` per token, with ``r`` the probability ratio between the
+current policy and the one that sampled, minus ``beta`` times a KL penalty to a frozen reference
+(the k3 estimator ``e^(ref - new) - (ref - new) - 1``, never negative).
+
+Two DAPO tweaks (Yu et al., 2025) are switches: ``clip_high`` widens the upper clip so rare
+good tokens can gain probability faster, and ``normalise=False`` drops the division by the
+group's std, which otherwise makes near-unanimous groups count as much as contested ones.
+
+A group whose completions all score the same has zero advantage everywhere, so it teaches
+nothing — the tests check exactly that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from posttrainllm.model import GPT, KVCache
+from posttrainllm.optim import AdamW
+from posttrainllm.sft import END, Example, chat_ids
+from posttrainllm.tokenizer import Tokenizer
+
+Reward = Callable[[Example, "str | None"], float]  # (task example, completion or None if unfinished)
+
+
+def group_advantages(rewards: torch.Tensor, normalise: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """Advantages for rewards of shape ``(prompts, group)``: centred on each group's mean, and
+    (by default) scaled by its standard deviation."""
+    centred = rewards - rewards.mean(-1, keepdim=True)
+    return centred / (rewards.std(-1, keepdim=True, unbiased=False) + eps) if normalise else centred
+
+
+@torch.no_grad()
+def sample_group(model: GPT, tokenizer: Tokenizer, prompt: str, size: int, max_tokens: int,
+                 temperature: float, generator: torch.Generator) -> list[list[int]]:
+    """``size`` completions of one prompt, sampled together as a batch through one KV cache. A
+    completion that ends with the end token is finished; one that runs out of tokens is not."""
+    model.eval()
+    end = tokenizer.special_tokens[END]
+    ids = chat_ids(tokenizer, prompt)
+    cache = KVCache(model.config.n_layer)
+    logits = model(torch.tensor([ids] * size), cache=cache)[:, -1]
+    out: list[list[int]] = [[] for _ in range(size)]
+    done = torch.zeros(size, dtype=torch.bool)
+    for _ in range(min(max_tokens, model.config.block_size - len(ids))):
+        tokens = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
+        for g in torch.nonzero(~done)[:, 0].tolist():
+            out[g].append(int(tokens[g]))
+        done |= tokens == end
+        if done.all() or cache.length >= model.config.block_size:
+            break
+        logits = model(tokens[:, None], cache=cache)[:, -1]
+    return out
+
+
+def completion_text(tokenizer: Tokenizer, tokens: list[int]) -> str | None:
+    """The completion as text, or ``None`` if it never produced the end token (truncated)."""
+    end = tokenizer.special_tokens[END]
+    return tokenizer.decode(tokens[:-1]) if tokens and tokens[-1] == end else None
+
+
+def token_logprobs(model: GPT, prompt: list[int], completions: list[list[int]], pad: int):
+    """``(log-probs, mask)`` of each completion's tokens, shape ``(n, longest)``."""
+    width = max(len(c) for c in completions)
+    rows = torch.tensor([prompt + c + [pad] * (width - len(c)) for c in completions])
+    logp = F.log_softmax(model(rows[:, :-1]).float(), dim=-1)[:, len(prompt) - 1 :]
+    picked = logp.gather(-1, rows[:, len(prompt) :].unsqueeze(-1)).squeeze(-1)
+    mask = torch.tensor([[1.0] * len(c) + [0.0] * (width - len(c)) for c in completions])
+    return picked, mask
+
+
+def grpo_loss(new: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor,
+              clip: float = 0.2, clip_high: float | None = None, kl_coef: float = 0.04):
+    """``(loss, mean KL)`` over the completion tokens in ``mask``; ``advantages`` has one value per
+    completion (shape ``(n,)``)."""
+    ratio = torch.exp(new - old)
+    a = advantages[:, None]
+    objective = torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip, 1 + (clip_high or clip)) * a)
+    kl = torch.exp(ref - new) - (ref - new) - 1
+    total = mask.sum().clamp(min=1)
+    return -((objective - kl_coef * kl) * mask).sum() / total, (kl * mask).sum().detach() / total
+
+
+def train_grpo(policy: GPT, reference: GPT, tokenizer: Tokenizer, prompts: list[Example], reward: Reward,
+               steps: int, prompts_per_step: int = 8, group_size: int = 8, lr: float = 1e-3, kl_coef: float = 0.04,
+               clip: float = 0.2, clip_high: float | None = None, normalise: bool = True, updates_per_batch: int = 2,
+               temperature: float = 1.0, max_tokens: int = 12, seed: int = 0, track: Reward | None = None) -> dict:
+    """GRPO on the policy's trainable parameters. Returns per-step mean reward, mean KL to the
+    reference, and the mean of ``track`` (e.g. true correctness when training on a proxy)."""
+    pad = tokenizer.special_tokens[END]
+    optimizer = AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    history: dict = {"reward": [], "kl": [], "tracked": []}
+    reference.eval()
+    for _ in range(steps):
+        batch = []
+        for index in rng.choice(len(prompts), prompts_per_step, replace=False):
+            example = prompts[index]
+            groups = sample_group(policy, tokenizer, example.prompt, group_size, max_tokens, temperature, generator)
+            texts = [completion_text(tokenizer, c) for c in groups]
+            batch.append((example, groups, texts, torch.tensor([reward(example, t) for t in texts])))
+        rewards = torch.stack([b[3] for b in batch])
+        advantages = group_advantages(rewards, normalise)
+        with torch.no_grad():
+            policy.eval()
+            olds = [token_logprobs(policy, chat_ids(tokenizer, e.prompt), g, pad)[0] for e, g, _, _ in batch]
+            refs = [token_logprobs(reference, chat_ids(tokenizer, e.prompt), g, pad)[0] for e, g, _, _ in batch]
+        policy.train()
+        for _ in range(updates_per_batch):
+            losses, kls = [], []
+            for (example, groups, _, _), old, ref, adv in zip(batch, olds, refs, advantages, strict=True):
+                new, mask = token_logprobs(policy, chat_ids(tokenizer, example.prompt), groups, pad)
+                loss, kl = grpo_loss(new, old, ref, mask, adv, clip, clip_high, kl_coef)
+                losses.append(loss)
+                kls.append(kl)
+            optimizer.zero_grad(set_to_none=True)
+            torch.stack(losses).mean().backward()
+            optimizer.step()
+        history["reward"].append(rewards.mean().item())
+        history["kl"].append(torch.stack(kls).mean().item())
+        if track is not None:
+            history["tracked"].append(float(np.mean([track(e, t) for e, _, texts, _ in batch for t in texts])))
+    policy.eval()
+    return history

@@ -1,0 +1,67 @@
+import copy
+import random
+
+import pytest
+import torch
+
+from posttrainllm import evals, lora, rl, sft
+from posttrainllm.data import corpus
+from posttrainllm.model import GPT, GPTConfig
+from posttrainllm.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.train(corpus(20_000), 300, special_tokens=sft.CHAT_TOKENS)
+
+
+@pytest.fixture
+def policy(tok):
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=128, n_layer=1, n_head=2, n_embd=32)).eval()
+    return lora.inject(model, ("attn.qkv", "mlp.up"), rank=2, alpha=4)
+
+
+def test_advantages_sum_to_zero_in_every_group_and_vanish_when_rewards_agree():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.2, 0.2, 0.2, 0.2], [3.0, 1.0, 2.0, 0.0]])
+    for normalise in (True, False):
+        adv = rl.group_advantages(rewards, normalise)
+        torch.testing.assert_close(adv.sum(-1), torch.zeros(3), atol=1e-5, rtol=0)
+        assert torch.all(adv[1] == 0)
+    assert rl.group_advantages(rewards)[0].tolist() == pytest.approx([1, -1, -1, 1], abs=1e-4)
+
+
+def test_a_group_with_identical_rewards_gives_no_gradient(tok, policy):
+    prompt = sft.chat_ids(tok, "Who lost a map?")
+    groups = rl.sample_group(policy, tok, "Who lost a map?", 4, 6, 1.0, torch.Generator().manual_seed(0))
+    new, mask = rl.token_logprobs(policy, prompt, groups, tok.special_tokens[sft.END])
+    advantages = rl.group_advantages(torch.full((1, 4), 0.7))[0]
+    loss, _ = rl.grpo_loss(new, new.detach(), new.detach(), mask, advantages, kl_coef=0.0)
+    loss.backward()
+    assert all(p.grad is None or torch.all(p.grad == 0) for p in policy.parameters() if p.requires_grad)
+
+
+def test_sampled_groups_are_well_formed(tok, policy):
+    groups = rl.sample_group(policy, tok, "Where was it?", 5, 7, 1.0, torch.Generator().manual_seed(1))
+    end = tok.special_tokens[sft.END]
+    assert len(groups) == 5 and all(1 <= len(g) <= 7 for g in groups)
+    assert all(end not in g[:-1] for g in groups)  # nothing after the end token
+    assert all((rl.completion_text(tok, g) is None) == (g[-1] != end) for g in groups)
+
+
+def test_with_a_large_kl_coefficient_the_policy_stays_at_the_reference(tok, policy):
+    reference = copy.deepcopy(policy).eval()
+    prompts = sft.examples("questions", 8)
+
+    noise = random.Random(0)
+
+    def reward(example, completion):  # random rewards: every group has something to push on
+        return evals.composite_reward(completion, example.response) + noise.random()
+
+    history = rl.train_grpo(policy, reference, tok, prompts, reward, steps=3, prompts_per_step=4, group_size=4,
+                            lr=1e-2, kl_coef=1e4, max_tokens=6)
+    assert max(history["kl"]) < 1e-3
+    free = copy.deepcopy(reference)
+    lora.set_adapter(free, "default")
+    loose = rl.train_grpo(free, reference, tok, prompts, reward, steps=3, prompts_per_step=4, group_size=4,
+                          lr=1e-2, kl_coef=0.0, max_tokens=6)
+    assert loose["kl"][-1] > 10 * max(history["kl"][-1], 1e-6)
