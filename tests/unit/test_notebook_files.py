@@ -33,11 +33,11 @@ def test_every_code_cell_was_executed_in_order_and_stored(path):
     assert not errors, f"{path.name}: a stored output is an error"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 # The most each module's issue allows on 2 cores; module 10 is 120 s plus 60 s for its GRPO part.
 MAX_BUDGET_S = {"07": 90, "08": 90, "09": 90, "10": 180}
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_declares_a_budget_and_opens_with_where_we_start(path):
     nb = json.loads(path.read_text(encoding="utf-8"))
     assert 0 < nb["metadata"]["posttrainllm"]["budget_s"] <= MAX_BUDGET_S.get(path.name[:2], 120)
