@@ -12,12 +12,12 @@ save on its own and swap: several adapters can share one base model.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from posttrainllm.train import load_file, save_file
 
 ADAPTER_FORMAT = "posttrainllm-lora-adapter v1"
 
@@ -141,28 +141,13 @@ def save_adapter(model: nn.Module, path: str | Path, name: str | None = None) ->
     tensors = {f"{layer}.{ab}": getattr(m, ab)[name].detach() for layer, m in layers.items() for ab in ("A", "B")}
     payload = {"format": ADAPTER_FORMAT, "name": name, "scale": next(iter(layers.values())).scale[name],
                "tensors": tensors}
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    save_file(payload, path)
 
 
 def load_adapter(model: nn.Module, path: str | Path) -> str:
     """Add the adapter saved at ``path`` to an injected model of the same shape and activate it.
     A file from something else, or for other layers or shapes, raises ``ValueError``."""
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except Exception as err:  # noqa: BLE001 - torch raises many types for a damaged file
-        raise ValueError(f"{path} is not a readable adapter file (truncated or corrupt?): {err}") from None
-    if not isinstance(payload, dict) or payload.get("format") != ADAPTER_FORMAT:
-        raise ValueError(f"{path} is not a posttrainllm LoRA adapter (no {ADAPTER_FORMAT!r} marker)")
+    payload = load_file(path, ADAPTER_FORMAT, "LoRA adapter", "adapter file")
     adapted, name, tensors = _adapted(model), payload["name"], payload["tensors"]
     wanted = sorted({key.rsplit(".", 1)[0] for key in tensors})
     if not set(wanted) <= set(adapted):

@@ -105,10 +105,9 @@ def generate(
     return ids
 
 
-def save_checkpoint(model: GPT, path: str | Path) -> None:
-    """Config and weights, written atomically (a crash leaves the old file or the new, not half)."""
+def save_file(payload: dict, path: str | Path) -> None:
+    """``torch.save`` written atomically: a crash leaves the old file or the new, never half."""
     path = Path(path)
-    payload = {"format": CHECKPOINT_FORMAT, "config": asdict(model.config), "state_dict": model.state_dict()}
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     os.close(fd)
     try:
@@ -119,18 +118,31 @@ def save_checkpoint(model: GPT, path: str | Path) -> None:
             os.unlink(tmp)
 
 
-def load_checkpoint(path: str | Path) -> GPT:
-    """Rebuild the model. A truncated, corrupt or foreign file raises ``ValueError`` saying so."""
+def load_file(path: str | Path, marker: str, what: str, kind: str) -> dict:
+    """Read a file :func:`save_file` wrote, with ``weights_only=True`` so it can never run code.
+    A truncated or corrupt file ("not a readable ``kind``") or one without ``marker`` ("not a
+    posttrainllm ``what``") raises ``ValueError`` saying which."""
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise
     except Exception as err:  # noqa: BLE001 - torch raises many types for a damaged file
         raise ValueError(
-            f"{path} is not a readable checkpoint (truncated or corrupt?): {type(err).__name__}: {err}"
+            f"{path} is not a readable {kind} (truncated or corrupt?): {type(err).__name__}: {err}"
         ) from None
-    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} is not a posttrainllm GPT checkpoint (no {CHECKPOINT_FORMAT!r} marker)")
+    if not isinstance(payload, dict) or payload.get("format") != marker:
+        raise ValueError(f"{path} is not a posttrainllm {what} (no {marker!r} marker)")
+    return payload
+
+
+def save_checkpoint(model: GPT, path: str | Path) -> None:
+    """Config and weights, written atomically."""
+    save_file({"format": CHECKPOINT_FORMAT, "config": asdict(model.config), "state_dict": model.state_dict()}, path)
+
+
+def load_checkpoint(path: str | Path) -> GPT:
+    """Rebuild the model. A truncated, corrupt or foreign file raises ``ValueError`` saying so."""
+    payload = load_file(path, CHECKPOINT_FORMAT, "GPT checkpoint", "checkpoint")
     model = GPT(GPTConfig(**payload["config"]))
     model.load_state_dict(payload["state_dict"])
     return model
