@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from posttrainllm.model import GPT, KVCache
-from posttrainllm.train import evaluate
+from posttrainllm.model import GPT
+from posttrainllm.train import evaluate, greedy
 
 
 def perplexity(model: GPT, ids, batches: int = 8) -> float:
@@ -56,18 +56,9 @@ def composite_reward(completion: str, answer: str, correct_weight: float = 1.0, 
 # --- memorisation: exact continuations ---------------------------------------------------------
 
 
-@torch.no_grad()
 def greedy_continuation(model: GPT, context: list[int], n_tokens: int) -> list[int]:
-    """The model's greedy next ``n_tokens`` after ``context`` (decoded with a KV cache)."""
-    model.eval()
-    cache = KVCache(model.config.n_layer)
-    logits = model(torch.tensor([context[-model.config.block_size + n_tokens :]]), cache=cache)[0, -1]
-    out = []
-    for _ in range(n_tokens):
-        out.append(int(logits.argmax()))
-        if len(out) < n_tokens:
-            logits = model(torch.tensor([[out[-1]]]), cache=cache)[0, -1]
-    return out
+    """The model's greedy next ``n_tokens`` after ``context`` (its end trimmed to fit the window)."""
+    return greedy(model, context[-model.config.block_size + n_tokens :], n_tokens)
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,10 @@ import numpy as np
 import torch
 
 from posttrainllm import data
-from posttrainllm.model import GPT, KVCache
+from posttrainllm.model import GPT
 from posttrainllm.optim import AdamW
 from posttrainllm.tokenizer import Tokenizer
+from posttrainllm.train import greedy
 
 USER, ASSISTANT, END = "<|user|>", "<|assistant|>", "<|endoftext|>"
 CHAT_TOKENS = (END, USER, ASSISTANT)
@@ -149,22 +150,11 @@ def train_sft(
     return losses
 
 
-@torch.no_grad()
 def reply(model: GPT, tokenizer: Tokenizer, prompt: str, max_tokens: int = 48) -> str:
-    """The model's greedy answer to ``prompt``, up to its end token (decoded with a KV cache)."""
-    model.eval()
+    """The model's greedy answer to ``prompt``, up to its end token or the context's end."""
     ids = chat_ids(tokenizer, prompt)
-    end = tokenizer.special_tokens[END]
-    cache = KVCache(model.config.n_layer)
-    logits = model(torch.tensor([ids]), cache=cache)[0, -1]
-    out: list[int] = []
-    while len(out) < max_tokens and cache.length < model.config.block_size:
-        token = int(logits.argmax())
-        if token == end:
-            break
-        out.append(token)
-        logits = model(torch.tensor([[token]]), cache=cache)[0, -1]
-    return tokenizer.decode(out)
+    room = min(max_tokens, model.config.block_size - len(ids))
+    return tokenizer.decode(greedy(model, ids, room, stop=tokenizer.special_tokens[END]))
 
 
 def exact_match(model: GPT, tokenizer: Tokenizer, test_set: list[Example]) -> float:

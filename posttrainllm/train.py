@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from posttrainllm.data import get_batch
-from posttrainllm.model import GPT, GPTConfig
+from posttrainllm.model import GPT, GPTConfig, KVCache
 from posttrainllm.optim import clip_grad_norm, set_lr
 from posttrainllm.sampling import sample
 
@@ -103,6 +103,24 @@ def generate(
         ids.append(sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, rng=rng))
     model.train()
     return ids
+
+
+@torch.no_grad()
+def greedy(model: GPT, context: list[int], max_tokens: int, stop: int | None = None) -> list[int]:
+    """Up to ``max_tokens`` argmax tokens after ``context``, decoded with a KV cache; ends early at
+    ``stop`` (not included). ``context + max_tokens`` must fit in ``block_size``."""
+    model.eval()
+    cache = KVCache(model.config.n_layer)
+    logits = model(torch.tensor([context]), cache=cache)[0, -1]
+    out: list[int] = []
+    while len(out) < max_tokens:
+        token = int(logits.argmax())
+        if token == stop:
+            break
+        out.append(token)
+        if len(out) < max_tokens:
+            logits = model(torch.tensor([[token]]), cache=cache)[0, -1]
+    return out
 
 
 def save_file(payload: dict, path: str | Path) -> None:
