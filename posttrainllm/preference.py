@@ -99,6 +99,15 @@ def train_dpo(policy: GPT, reference: GPT, tokenizer: Tokenizer, pairs: list[Pai
     return history
 
 
+def mistake_pairs(model: GPT, tokenizer: Tokenizer, examples: list[Example]) -> list[Pair]:
+    """Pairs from the model's own wrong greedy answers: the right answer chosen, its answer rejected.
+    Examples it already answers right give no pair."""
+    from posttrainllm.sft import reply
+
+    answers = [reply(model, tokenizer, e.prompt).strip() for e in examples]
+    return [Pair(e.prompt, e.response, a) for e, a in zip(examples, answers, strict=True) if a != e.response]
+
+
 def contrast_pairs(examples: list[Example]) -> list[Pair]:
     """Preference pairs from task examples: the right response is chosen; rejected is a wrong
     answer of the same form (a question's answer taken from another story), or, for the

@@ -1,6 +1,7 @@
 import torch
 
-from posttrainllm.pretrained import Recipe, base_model, held_out_ids
+from posttrainllm import lora, preference, sft
+from posttrainllm.pretrained import Recipe, base_model, dpo_model, held_out_ids, sft_model
 from posttrainllm.train import evaluate
 
 
@@ -39,3 +40,50 @@ def test_a_damaged_cache_file_is_rebuilt_not_trusted(tmp_path):
 
 def test_the_cache_key_changes_with_the_recipe():
     assert Recipe().key != Recipe(steps=601).key and Recipe().key == Recipe().key
+
+
+CHAT = Recipe(corpus_chars=30_000, vocab_size=300, n_layer=1, n_embd=16, n_head=2, steps=15, block_size=160)
+
+
+def test_fine_tuned_models_are_trained_once_and_match_a_fresh_build(tmp_path):
+    lora_model, history = sft_model(rank=2, steps=3, recipe=CHAT, cache_dir=tmp_path)
+    [cached] = [p for p in tmp_path.iterdir() if p.name.startswith("tuned-sft-r2")]
+    stamp = cached.stat().st_mtime_ns
+    again, history_again = sft_model(rank=2, steps=3, recipe=CHAT, cache_dir=tmp_path)
+    assert cached.stat().st_mtime_ns == stamp and history_again == history and len(history["loss"]) == 3
+    assert same_weights(lora_model, again)
+    elsewhere, _ = sft_model(rank=2, steps=3, recipe=CHAT, cache_dir=tmp_path / "fresh")
+    assert same_weights(lora_model, elsewhere)  # the cache holds exactly what training produces
+    base, _ = base_model(CHAT, cache_dir=tmp_path)
+    frozen = {k: v for k, v in lora_model.state_dict().items() if ".A." not in k and ".B." not in k}
+    assert all(torch.equal(v, base.state_dict()[k.replace(".base.", ".")]) for k, v in frozen.items())
+    assert lora.trainable_parameters(lora_model) == CHAT.n_layer * sum(
+        lora.lora_parameters(i, o, 2) for i, o in [(16, 48), (16, 16), (16, 64), (64, 16)])
+
+
+def test_a_damaged_fine_tuned_file_is_rebuilt_and_full_sft_trains_every_weight(tmp_path):
+    full, _ = sft_model(rank=None, steps=2, recipe=CHAT, cache_dir=tmp_path)
+    base, _ = base_model(CHAT, cache_dir=tmp_path)
+    assert not same_weights(full, base) and lora.trainable_parameters(full) == full.n_params()
+    [cached] = [p for p in tmp_path.iterdir() if p.name.startswith("tuned-sft-full")]
+    cached.write_bytes(cached.read_bytes()[:300])
+    rebuilt, _ = sft_model(rank=None, steps=2, recipe=CHAT, cache_dir=tmp_path)
+    assert same_weights(full, rebuilt)
+
+
+def test_dpo_model_starts_from_the_lora_sft_model_and_records_its_run(tmp_path):
+    policy, history = dpo_model(nll_weight=1.0, steps=2, sft_steps=2, recipe=CHAT, cache_dir=tmp_path)
+    reference, _ = sft_model(rank=4, steps=2, recipe=CHAT, cache_dir=tmp_path)
+    assert set(history) == {"loss", "margin", "chosen_logp"} and len(history["loss"]) == 2
+    assert history["margin"][0] == 0.0  # step one: policy == reference, so no margin yet
+    assert not same_weights(policy, reference)
+
+
+def test_mistake_pairs_are_exactly_the_wrong_answers(tmp_path):
+    model, _ = sft_model(rank=None, steps=2, recipe=CHAT, cache_dir=tmp_path)
+    tok = base_model(CHAT, cache_dir=tmp_path)[1]
+    questions = sft.examples("questions", 6)
+    pairs = preference.mistake_pairs(model, tok, questions)
+    wrong = [e for e in questions if sft.reply(model, tok, e.prompt).strip() != e.response]
+    assert [p.prompt for p in pairs] == [e.prompt for e in wrong]
+    assert all(p.chosen != p.rejected for p in pairs)
