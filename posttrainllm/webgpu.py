@@ -1,0 +1,257 @@
+"""Run the book's WGSL kernels (``webgpu/*.wgsl``) from Python, through wgpu-py.
+
+The browser cells run these same files on the reader's GPU through ``webgpu/runtime.js``;
+this module is the other runtime, so that pytest can check every kernel against numpy on a
+CPU Vulkan driver (Mesa's lavapipe, or Chromium's SwiftShader) and the benchmarks can time them
+on a real GPU. Both runtimes follow the same three rules, read from the WGSL itself:
+
+- **Parameters** are ``const NAME: u32 = 16u;`` lines, rewritten before compiling. (WGSL's
+  ``override`` constants cannot size private arrays, which register blocking needs.)
+- **Bind group layouts** are derived from each ``var<storage, read>`` / ``var<storage,
+  read_write>`` / ``var<uniform>`` declaration, so a layout can never disagree with the shader
+  — the seed's gotcha, where a mismatch silently returned wrong data.
+- **Grids**: a matmul kernel covers ``BM x BN`` of C per workgroup, an attention kernel ``BR``
+  query rows of one head, a softmax kernel one row.
+
+The Vulkan driver is chosen by the ``VK_ICD_FILENAMES`` environment variable, read once per
+process when wgpu starts: :func:`use_driver` sets it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+KERNELS = Path(__file__).resolve().parents[1] / "webgpu"
+DRIVERS = {
+    "lavapipe": "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",  # Debian's mesa-vulkan-drivers
+    "swiftshader": "/usr/lib/chromium/vk_swiftshader_icd.json",  # shipped inside Debian's chromium
+}
+_CONST = re.compile(r"^const (\w+): (\w+) = ([^;]+);", re.MULTILINE)
+_BINDING = re.compile(r"@binding\((\d+)\)\s+var<(storage, read_write|storage, read|storage|uniform)>")
+LAYOUT_TYPES = {"storage, read": "read-only-storage", "storage, read_write": "storage", "storage": "read-only-storage",
+                "uniform": "uniform"}
+
+
+def use_driver(name: str) -> None:
+    """Select a Vulkan driver (a key of :data:`DRIVERS`) for this process, before wgpu starts."""
+    if name not in DRIVERS:
+        raise ValueError(f"unknown driver {name!r}; choose one of {sorted(DRIVERS)}")
+    if not Path(DRIVERS[name]).is_file():
+        hint = "apt-get install mesa-vulkan-drivers" if name == "lavapipe" else "apt-get install chromium"
+        raise FileNotFoundError(f"the {name} Vulkan driver is not installed ({DRIVERS[name]} is missing): {hint}")
+    os.environ["VK_ICD_FILENAMES"] = DRIVERS[name]
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+
+def variants(kind: str) -> list[dict]:
+    """The kernel variants of ``kind`` ("matmul", "softmax", "attention") that the book races."""
+    return json.loads((KERNELS / "kernels.json").read_text(encoding="utf-8"))[kind]
+
+
+def source(file: str, params: dict | None = None) -> str:
+    """The WGSL of ``webgpu/<file>`` with the named ``const`` parameters replaced."""
+    text = (KERNELS / file).read_text(encoding="utf-8")
+    params = dict(params or {})
+    unknown = set(params) - {m.group(1) for m in _CONST.finditer(text)}
+    if unknown:
+        known = [m.group(1) for m in _CONST.finditer(text)]
+        raise ValueError(f"{file} has no parameter {sorted(unknown)}; its constants are {known}")
+
+    def rewrite(match: re.Match) -> str:
+        name, kind, value = match.groups()
+        if name not in params:
+            return match.group(0)
+        return f"const {name}: {kind} = {int(params[name])}{'u' if kind == 'u32' else ''};"
+
+    return _CONST.sub(rewrite, text)
+
+
+def constants(wgsl: str) -> dict[str, int]:
+    """The integer constants of a kernel: literals, and names of earlier constants (``BM = TILE``)."""
+    values: dict[str, int] = {}
+    for name, _, value in _CONST.findall(wgsl):
+        value = value.strip().rstrip("u")
+        if value.isdigit():
+            values[name] = int(value)
+        elif value in values:
+            values[name] = values[value]
+    return values
+
+
+def bindings(wgsl: str) -> list[tuple[int, str]]:
+    """``(binding, layout type)`` of every resource the shader declares, in binding order."""
+    return sorted((int(b), LAYOUT_TYPES[kind]) for b, kind in _BINDING.findall(wgsl))
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    runs: int
+    method: str  # "timestamp-query" (GPU clock, compute pass only) or "wall-clock" (submit to readback)
+
+
+class GPU:
+    """One WebGPU adapter and device, with compiled pipelines cached by (file, params)."""
+
+    def __init__(self) -> None:
+        import wgpu
+
+        self.wgpu = wgpu
+        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        if adapter is None:
+            raise RuntimeError("no WebGPU adapter: is a Vulkan driver installed? (see posttrainllm.webgpu.DRIVERS)")
+        self.info = dict(adapter.info)
+        self.features = set(adapter.features)
+        wanted = [f for f in ("shader-f16", "timestamp-query") if f in self.features]
+        limits = {k: adapter.limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size")}
+        self.device = adapter.request_device_sync(required_features=wanted, required_limits=limits)
+        self.limits = dict(self.device.limits)
+        self._pipelines: dict = {}
+
+    @property
+    def name(self) -> str:
+        return f"{self.info.get('device', '?')} ({self.info.get('adapter_type', '?')}, {self.info.get('backend_type')})"
+
+    def pipeline(self, file: str, params: dict | None = None):
+        """Compile ``file`` with ``params``; returns ``(pipeline, layout, constants)``. A WGSL error
+        raises with the compiler's message; a kernel needing a missing feature says which."""
+        key = (file, json.dumps(params or {}, sort_keys=True))
+        if key not in self._pipelines:
+            wgsl = source(file, params)
+            if "enable f16;" in wgsl and "shader-f16" not in self.features:
+                raise RuntimeError(f"{file} needs the WebGPU feature shader-f16, which {self.name} lacks")
+            usage = self.wgpu.ShaderStage.COMPUTE
+            entries = [{"binding": b, "visibility": usage, "buffer": {"type": t}} for b, t in bindings(wgsl)]
+            layout = self.device.create_bind_group_layout(entries=entries)
+            module = self.device.create_shader_module(code=wgsl, label=file)
+            pipeline = self.device.create_compute_pipeline(
+                layout=self.device.create_pipeline_layout(bind_group_layouts=[layout]),
+                compute={"module": module, "entry_point": "main"})
+            self._pipelines[key] = (pipeline, layout, constants(wgsl))
+        return self._pipelines[key]
+
+    def _buffers(self, arrays: list[np.ndarray], outputs: list[int], uniform: np.ndarray):
+        usage = self.wgpu.BufferUsage
+        buffers = []
+        for a in arrays:
+            data = np.ascontiguousarray(a).view(np.uint8).ravel()
+            data = np.pad(data, (0, -len(data) % 4))  # f16 arrays of odd length: whole 4-byte words
+            buffers.append(self.device.create_buffer_with_data(data=data, usage=usage.STORAGE))
+        for nbytes in outputs:
+            buffers.append(self.device.create_buffer(size=max(nbytes, 4), usage=usage.STORAGE | usage.COPY_SRC))
+        buffers.append(self.device.create_buffer_with_data(data=uniform, usage=usage.UNIFORM))
+        return buffers
+
+    def dispatch(self, file: str, params: dict | None, arrays: list[np.ndarray], outputs: list[tuple],
+                 uniform: np.ndarray, grid, repeat: int = 0) -> tuple[list[np.ndarray], Timing | None]:
+        """Run a kernel once (and ``repeat`` more times, timed); returns its outputs, each
+        ``(shape, dtype)`` in ``outputs``, and the timing when ``repeat`` > 0."""
+        pipeline, layout, _ = self.pipeline(file, params)
+        sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in outputs]
+        buffers = self._buffers(arrays, sizes, uniform.astype(np.uint32))
+        group = self.device.create_bind_group(layout=layout, entries=[
+            {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(buffers)])
+        grid = tuple(int(g) for g in grid)
+        limit = self.limits["max-compute-workgroups-per-dimension"]
+        if max(grid) > limit:
+            raise ValueError(f"a grid of {grid} workgroups exceeds this device's limit of {limit} per dimension")
+
+        def submit(timestamps=None):
+            encoder = self.device.create_command_encoder()
+            kwargs = {}
+            if timestamps is not None:
+                kwargs["timestamp_writes"] = {"query_set": timestamps[0], "beginning_of_pass_write_index": 0,
+                                              "end_of_pass_write_index": 1}
+            compute = encoder.begin_compute_pass(**kwargs)
+            compute.set_pipeline(pipeline)
+            compute.set_bind_group(0, group)
+            compute.dispatch_workgroups(*grid)
+            compute.end()
+            if timestamps is not None:
+                encoder.resolve_query_set(timestamps[0], 0, 2, timestamps[1], 0)
+            self.device.queue.submit([encoder.finish()])
+
+        submit()
+        results = [np.frombuffer(self.device.queue.read_buffer(b)[: n], dtype=dtype).reshape(shape).copy()
+                   for b, n, (shape, dtype) in zip(buffers[len(arrays):], sizes, outputs, strict=False)]
+        return results, (self._time(submit, buffers[len(arrays)], repeat) if repeat else None)
+
+    def _time(self, submit, output, repeat: int) -> Timing:
+        """Median over ``repeat`` runs after the warm-up run above. GPU timestamps where the device
+        has them; otherwise wall clock from submit to a small readback (which waits for the GPU)."""
+        times = []
+        if "timestamp-query" in self.features:
+            usage = self.wgpu.BufferUsage
+            query = self.device.create_query_set(type="timestamp", count=2)
+            resolved = self.device.create_buffer(size=16, usage=usage.QUERY_RESOLVE | usage.COPY_SRC)
+            for _ in range(repeat):
+                submit((query, resolved))
+                start, end = np.frombuffer(self.device.queue.read_buffer(resolved), dtype=np.uint64)
+                times.append((int(end) - int(start)) / 1e6)  # WebGPU timestamps are nanoseconds
+            if all(t > 0 for t in times):
+                return Timing(statistics.median(times), repeat, "timestamp-query")
+            times = []  # some drivers write zeros: fall back to the wall clock
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            submit()
+            self.device.queue.read_buffer(output, 0, 4)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return Timing(statistics.median(times), repeat, "wall-clock")
+
+    def matmul(self, a: np.ndarray, b: np.ndarray, file: str = "matmul_tiled.wgsl", params: dict | None = None,
+               repeat: int = 0) -> tuple[np.ndarray, Timing | None]:
+        """``a @ b`` (f32; ``b`` as f16 for the f16 kernels) by one of the matmul kernels."""
+        (m, k), (k2, n) = a.shape, b.shape
+        if k != k2:
+            raise ValueError(f"cannot multiply {a.shape} by {b.shape}: inner sizes differ")
+        _, _, consts = self.pipeline(file, params)
+        align = consts.get("ALIGN", 1)
+        kp, np_ = -(-k // align) * align, -(-n // align) * align  # zero padding a vec4 kernel needs
+        a = np.pad(a.astype(np.float32), ((0, 0), (0, kp - k)))
+        wdtype = np.float16 if "f16" in file else np.float32
+        b = np.pad(b.astype(wdtype), ((0, kp - k), (0, np_ - n)))
+        grid = (-(-np_ // consts["BN"]), -(-m // consts["BM"]), 1)
+        (c,), timing = self.dispatch(file, params, [a, b], [((m, np_), np.float32)],
+                                     np.array([m, np_, kp, 0]), grid, repeat)
+        return c[:, :n], timing
+
+    def softmax(self, x: np.ndarray, file: str = "softmax_online.wgsl", params: dict | None = None,
+                repeat: int = 0) -> tuple[np.ndarray, Timing | None]:
+        """Softmax over the last axis of a 2-D f32 array."""
+        rows, cols = x.shape
+        (y,), timing = self.dispatch(file, params, [x.astype(np.float32)], [((rows, cols), np.float32)],
+                                     np.array([rows, cols, 0, 0]), (rows, 1, 1), repeat)
+        return y, timing
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, file: str = "attention_flash2.wgsl",
+                  params: dict | None = None, repeat: int = 0):
+        """Causal attention of ``(H, T, D)`` arrays: returns ``(output, logsumexp, timing)``."""
+        h, t, d = q.shape
+        _, _, consts = self.pipeline(file, params)
+        if d != consts["D"]:
+            raise ValueError(f"{file} is compiled for head size D={consts['D']}, got {d}: pass params={{'D': {d}}}")
+        if t > consts.get("MAX_T", t):
+            raise ValueError(f"{file} keeps a private score row of MAX_T={consts['MAX_T']} floats; T={t} is longer")
+        arrays = [np.ascontiguousarray(x, dtype=np.float32) for x in (q, k, v)]
+        (o, lse), timing = self.dispatch(file, params, arrays, [((h, t, d), np.float32), ((h, t), np.float32)],
+                                         np.array([h, t, 0, 0]), (-(-t // consts["BR"]), h, 1), repeat)
+        return o, lse, timing
+
+
+def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Causal softmax attention in float64 numpy: ``(output, logsumexp)``, the kernels' oracle."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
+    t = q.shape[1]
+    scores = np.where(np.tril(np.ones((t, t), dtype=bool)), scores, -np.inf)
+    m = scores.max(-1, keepdims=True)
+    p = np.exp(scores - m)
+    return (p / p.sum(-1, keepdims=True)) @ v, (m + np.log(p.sum(-1, keepdims=True)))[..., 0]
