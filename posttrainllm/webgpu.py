@@ -182,7 +182,10 @@ class GPU:
         submit()
         results = [np.frombuffer(self.device.queue.read_buffer(b)[: n], dtype=dtype).reshape(shape).copy()
                    for b, n, (shape, dtype) in zip(buffers[len(arrays):], sizes, outputs, strict=False)]
-        return results, (self._time(submit, buffers[len(arrays)], repeat) if repeat else None)
+        timing = self._time(submit, buffers[len(arrays)], repeat) if repeat else None
+        for b in buffers:  # free GPU memory now, not whenever Python collects the objects
+            b.destroy()
+        return results, timing
 
     def _time(self, submit, output, repeat: int) -> Timing:
         """Median over ``repeat`` runs after the warm-up run above. GPU timestamps where the device

@@ -1,12 +1,18 @@
-// Register-blocked matmul: each invocation computes a TM x TN block of C in registers.
+// Register-blocked matmul, written with loops: each invocation computes a TM x TN block of C.
 // Row-major f32, C = A @ B (M x K times K x N). Defaults: 4 x 4 per invocation, 64 x 64 per
-// workgroup; the "8 x 8" variant sets TM = TN = 8, BM = BN = 128, BK = 8 (see the book).
+// workgroup; the "8 x 8" variant sets TM = TN = 8, BM = BN = 128, BK = 8.
 //
 // The tiled kernel does one multiply-add per two workgroup-memory reads. Here, per step k, an
 // invocation reads TM values of A and TN values of B into registers and does TM * TN
 // multiply-adds with them: 16 per 8 reads at 4 x 4, 64 per 16 at 8 x 8. The price is registers:
 // TM * TN accumulators per invocation, and a GPU that runs out of registers spills them to
 // memory and loses the gain (the seed's 8 x 8 gotcha).
+//
+// This is the plain way to write it, and it teaches the second lesson: `acc`, `a_reg` and
+// `b_reg` are indexed by loop counters, so unless the compiler unrolls every loop they must
+// live in addressable local memory, not registers. On an H200's Vulkan driver this kernel is
+// slower than the naive one. matmul_vec4.wgsl and matmul_vec4_8x8.wgsl do the same
+// arithmetic with constant indices and run 40-70x faster than this one there.
 
 const BM: u32 = 64u;  // rows of C per workgroup
 const BN: u32 = 64u;  // columns of C per workgroup
