@@ -45,6 +45,9 @@ test: install vendor
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest tests/unit notebooks tests/book \
 	  --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
+	# the WGSL kernels on both CPU Vulkan drivers: a process picks its driver once, so twice
+	POSTTRAINLLM_VK_DRIVER=lavapipe $(BIN)/python -m pytest tests/webgpu
+	POSTTRAINLLM_VK_DRIVER=swiftshader $(BIN)/python -m pytest tests/webgpu
 
 # --- for learners and maintainers ----------------------------------------------------------
 lab: install

@@ -121,22 +121,26 @@ class GPU:
         return f"{self.info.get('device', '?')} ({self.info.get('adapter_type', '?')}, {self.info.get('backend_type')})"
 
     def pipeline(self, file: str, params: dict | None = None):
-        """Compile ``file`` with ``params``; returns ``(pipeline, layout, constants)``. A WGSL error
-        raises with the compiler's message; a kernel needing a missing feature says which."""
+        """Compile ``webgpu/<file>`` with ``params`` (cached); returns ``(pipeline, layout, constants)``."""
         key = (file, json.dumps(params or {}, sort_keys=True))
         if key not in self._pipelines:
-            wgsl = source(file, params)
-            if "enable f16;" in wgsl and "shader-f16" not in self.features:
-                raise RuntimeError(f"{file} needs the WebGPU feature shader-f16, which {self.name} lacks")
-            usage = self.wgpu.ShaderStage.COMPUTE
-            entries = [{"binding": b, "visibility": usage, "buffer": {"type": t}} for b, t in bindings(wgsl)]
-            layout = self.device.create_bind_group_layout(entries=entries)
-            module = self.device.create_shader_module(code=wgsl, label=file)
-            pipeline = self.device.create_compute_pipeline(
-                layout=self.device.create_pipeline_layout(bind_group_layouts=[layout]),
-                compute={"module": module, "entry_point": "main"})
-            self._pipelines[key] = (pipeline, layout, constants(wgsl))
+            self._pipelines[key] = self.compile(source(file, params), label=file)
         return self._pipelines[key]
+
+    def compile(self, wgsl: str, label: str = "kernel"):
+        """A compute pipeline for entry point ``main``, its bind group layout derived from the WGSL's
+        own declarations, and its constants. A WGSL error raises with the compiler's message (line
+        and column); a kernel needing a missing optional feature says which."""
+        if "enable f16;" in wgsl and "shader-f16" not in self.features:
+            raise RuntimeError(f"{label} needs the WebGPU feature shader-f16, which {self.name} lacks")
+        usage = self.wgpu.ShaderStage.COMPUTE
+        entries = [{"binding": b, "visibility": usage, "buffer": {"type": t}} for b, t in bindings(wgsl)]
+        layout = self.device.create_bind_group_layout(entries=entries)
+        module = self.device.create_shader_module(code=wgsl, label=label)
+        pipeline = self.device.create_compute_pipeline(
+            layout=self.device.create_pipeline_layout(bind_group_layouts=[layout]),
+            compute={"module": module, "entry_point": "main"})
+        return pipeline, layout, constants(wgsl)
 
     def _buffers(self, arrays: list[np.ndarray], outputs: list[int], uniform: np.ndarray):
         usage = self.wgpu.BufferUsage
