@@ -115,7 +115,7 @@ def attention_table(gpu: webgpu.GPU, args, suffix: str, context: str) -> None:
         if torch is not None:
             tq, tk, tv = (torch.from_numpy(x).cuda()[None] for x in (q, k, v))
             sdpa = torch.nn.functional.scaled_dot_product_attention
-            ms = cuda_ms(torch, lambda tq=tq, tk=tk, tv=tv: sdpa(tq, tk, tv, is_causal=True), args.repeat)
+            ms = cuda_ms(torch, lambda tq=tq, tk=tk, tv=tv, f=sdpa: f(tq, tk, tv, is_causal=True), args.repeat)
             err = np.abs(sdpa(tq, tk, tv, is_causal=True)[0].cpu().numpy() - out).max()
             rows.append([t, "torch SDPA (CUDA, fp32)", f"{ms:.3f}", f"{err:.1e}", "CUDA events"])
     write_result(
