@@ -19,6 +19,7 @@ process when wgpu starts: :func:`use_driver` sets it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -262,3 +263,37 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np
     m = scores.max(-1, keepdims=True)
     p = np.exp(scores - m)
     return (p / p.sum(-1, keepdims=True)) @ v, (m + np.log(p.sum(-1, keepdims=True)))[..., 0]
+
+
+def browser_cell(kind: str):
+    """The HTML for a notebook cell that runs the ``kind`` kernels ("matmul" or "attention") on
+    the reader's GPU: ``webgpu/runtime.js``, ``webgpu/cells.js`` and the kernel sources inlined
+    and loaded as blob-URL modules, so the same output works in JupyterLab, in the built book and
+    on a static host, with no server and no Python kernel behind the page."""
+    from IPython.display import HTML
+
+    if kind not in ("matmul", "attention"):
+        raise ValueError(f"no browser cell for {kind!r}; choose 'matmul' or 'attention'")
+    chosen = variants(kind)
+    files = {name: (KERNELS / name).read_text(encoding="utf-8") for name in ("runtime.js", "cells.js")}
+    files.update({v["file"]: (KERNELS / v["file"]).read_text(encoding="utf-8") for v in chosen})
+    payload = json.dumps({"files": files, "config": {"kind": kind, "variants": chosen}}, sort_keys=True)
+    payload = payload.replace("</", "<\\/")  # a "</script>" inside a string must not end the script
+    cell_id = f"ptl-webgpu-{kind}-{hashlib.sha256(payload.encode()).hexdigest()[:8]}"
+    return HTML(f"""<div class="ptl-webgpu" id="{cell_id}" data-kind="{kind}">
+<p class="ptl-status">This cell runs the book's WGSL kernels on your GPU through WebGPU. Its script has not
+run yet: in the book it starts by itself; in JupyterLab, run the cell (scripts stored in a notebook you
+opened from disk stay off until it is trusted).</p>
+</div>
+<script type="module">
+const {{files, config}} = {payload};
+const load = (name) => import(URL.createObjectURL(new Blob([files[name]], {{type: "text/javascript"}})));
+const root = document.getElementById("{cell_id}");
+try {{
+  const [runtime, cells] = await Promise.all([load("runtime.js"), load("cells.js")]);
+  await cells.mount(root, runtime, files, config);
+}} catch (err) {{
+  root.dataset.state = "error";
+  root.querySelector(".ptl-status").textContent = "The WebGPU cell could not start: " + err.message;
+}}
+</script>""")

@@ -1,0 +1,185 @@
+// The book's browser cells: the matmul race (module 3) and naive vs FlashAttention-2 (module 7),
+// run on the reader's GPU with runtime.js and checked against the CPU in the page.
+// mount(root, runtime, files, config) is called by the cell's HTML (posttrainllm.webgpu.browser_cell),
+// which passes the runtime module and the kernel sources. When the run ends, root.dataset.state
+// is "done" and root.dataset.results holds every measurement as JSON (the browser tests read it).
+
+const SIZES = {
+  matmul: {small: [64, 128, 256], standard: [256, 512, 1024], large: [1024, 2048]},
+  attention: {small: [64, 128, 256], standard: [256, 512, 1024], large: [1024, 2048, 4096]},
+};
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "style") node.style.cssText = v;
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c);
+  return node;
+}
+
+export async function mount(root, rt, files, config) {
+  root.replaceChildren();
+  const status = el("p", {class: "ptl-status"}, "Looking for a WebGPU adapter...");
+  const sizes = el("select", {class: "ptl-sizes", "aria-label": "sizes"});
+  for (const [name, list] of Object.entries(SIZES[config.kind])) {
+    const option = el("option", {value: name}, `${name}: ${list.join(", ")}`);
+    if (name === "standard") option.selected = true;
+    sizes.append(option);
+  }
+  const button = el("button", {class: "ptl-run", type: "button", disabled: ""},
+                    config.kind === "matmul" ? "Run the matmul race" : "Run naive vs FlashAttention-2");
+  const output = el("div", {class: "ptl-output"});
+  root.append(el("div", {class: "ptl-controls"}, sizes, " ", button), status, output);
+  root.dataset.state = "starting";
+  let gpu;
+  try {
+    gpu = await rt.getDevice({onLost: (message) => fail(root, status, message)});
+  } catch (err) {
+    status.textContent = err.message;
+    status.classList.add("ptl-unavailable");
+    root.dataset.state = err instanceof rt.WebGPUUnavailable ? "unavailable" : "error";
+    return;
+  }
+  const kinds = [...gpu.features].join(", ") || "none";
+  status.textContent = `Ready: ${gpu.name}${gpu.fallback ? " — a software (CPU) adapter: its times say nothing " +
+    "about GPU speed" : ""}. Optional features: ${kinds}.`;
+  root.dataset.state = "ready";
+  button.disabled = false;
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    root.dataset.state = "running";
+    try {
+      const list = SIZES[config.kind][sizes.value];
+      const results = config.kind === "matmul"
+        ? await matmulRace(rt, gpu, files, config.variants, list, output, status)
+        : await attentionRace(rt, gpu, files, config.variants, list, output, status);
+      root.dataset.results = JSON.stringify(results);
+      root.dataset.state = "done";
+    } catch (err) {
+      fail(root, status, err.message);
+    }
+    button.disabled = false;
+  });
+}
+
+function fail(root, status, message) {
+  status.textContent = `Stopped: ${message}`;
+  status.classList.add("ptl-unavailable");
+  root.dataset.state = "error";
+}
+
+function table(columns) {
+  const body = el("tbody");
+  const t = el("table", {class: "ptl-table"}, el("thead", {}, el("tr", {}, ...columns.map((c) => el("th", {}, c)))), body);
+  return {t, add: (...cells) => body.append(el("tr", {}, ...cells.map((c) => (c instanceof Node ? el("td", {}, c) : el("td", {}, String(c))))))};
+}
+
+function bar(fraction) {
+  return el("div", {class: "ptl-bar", style: `width:${Math.max(1, 160 * fraction)}px;height:10px;background:#4a7ab5`});
+}
+
+async function matmulRace(rt, gpu, files, variants, list, output, status) {
+  const results = [];
+  const {t, add} = table(["n", "kernel", "GFLOP/s", "", "max error", "check"]);
+  output.replaceChildren(t);
+  for (const n of list) {
+    const a = rt.randomArray(n * n, n);
+    const b = rt.randomArray(n * n, n + 1);
+    const rows = [];
+    for (const v of variants) {
+      status.textContent = `n = ${n}: ${v.name}...`;
+      if (v.feature && !gpu.features.has(v.feature)) {
+        rows.push({n, kernel: v.name, skipped: `needs ${v.feature}, which this GPU lacks`});
+        continue;
+      }
+      const kernel = await rt.compile(gpu, rt.withParams(files[v.file], v.params), v.name);
+      const {c, timing} = await rt.matmul(gpu, kernel, a, b, n, n, n, 3);
+      const error = rt.checkMatmul(c, a, b, n, n, n, {half: kernel.f16});
+      rows.push({n, kernel: v.name, gflops: (2 * n ** 3) / timing.ms / 1e6, ms: timing.ms, method: timing.method,
+                 error, ok: error <= 1e-5 * n});
+    }
+    const best = Math.max(...rows.filter((r) => r.gflops).map((r) => r.gflops));
+    for (const r of rows) {
+      if (r.skipped) add(n, r.kernel, "-", "", "-", r.skipped);
+      else add(n, r.kernel, r.gflops.toFixed(1), bar(r.gflops / best), r.error.toExponential(1), r.ok ? "✓ matches the CPU" : "✗ WRONG");
+    }
+    results.push(...rows);
+  }
+  const timed = results.filter((r) => r.gflops);
+  const largest = Math.max(...timed.map((r) => r.n));
+  const top = timed.filter((r) => r.n === largest).sort((x, y) => y.gflops - x.gflops)[0];
+  const naive = timed.find((r) => r.n === largest && r.kernel === "naive");
+  status.textContent = `Done. At n = ${largest} the fastest kernel here is "${top.kernel}", ${top.gflops.toFixed(1)} ` +
+    `GFLOP/s, ${(top.gflops / naive.gflops).toFixed(1)}x the naive kernel (${top.method}). ` +
+    (timed.every((r) => r.ok) ? "Every result matched the CPU." : "Some results did NOT match the CPU.");
+  return results;
+}
+
+async function attentionRace(rt, gpu, files, variants, list, output, status) {
+  const h = 4;
+  const d = 64;
+  const results = [];
+  const {t, add} = table(["T", "kernel", "ms", "max error", "check"]);
+  const plot = el("div", {class: "ptl-plot"});
+  output.replaceChildren(t, plot);
+  for (const len of list) {
+    const [q, k, v] = [1, 2, 3].map((s) => rt.randomArray(h * len * d, len * 10 + s));
+    const rows = [0, 1, Math.floor(len / 2), len - 1].filter((r, i, all) => r < len && all.indexOf(r) === i);
+    for (const variant of variants) {
+      status.textContent = `T = ${len}: ${variant.name}...`;
+      const params = {...variant.params};
+      if (variant.file.includes("naive")) params.MAX_T = Math.max(1024, len);  // the private row must hold T scores
+      const kernel = await rt.compile(gpu, rt.withParams(files[variant.file], params), variant.name);
+      const {o, lse, timing} = await rt.attention(gpu, kernel, q, k, v, h, len, d, 3);
+      const error = rt.checkAttention(o, lse, q, k, v, h, len, d, rows);
+      results.push({t: len, kernel: variant.name, ms: timing.ms, method: timing.method, error, ok: error < 1e-4});
+      add(len, variant.name, timing.ms.toFixed(3), error.toExponential(1), error < 1e-4 ? "✓ matches the CPU" : "✗ WRONG");
+    }
+  }
+  plot.append(linePlot(results));
+  const longest = Math.max(...list);
+  const at = (name) => results.find((r) => r.t === longest && r.kernel === name).ms;
+  status.textContent = `Done. At T = ${longest}, FlashAttention-2 takes ${at("FlashAttention-2").toFixed(2)} ms and ` +
+    `the naive kernel ${at("naive").toFixed(2)} ms (${(at("naive") / at("FlashAttention-2")).toFixed(1)}x). ` +
+    (results.every((r) => r.ok) ? "Every result matched the CPU." : "Some results did NOT match the CPU.");
+  return results;
+}
+
+// Time against context length, one line per kernel, log-log, as inline SVG.
+function linePlot(results) {
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  const [w, h, pad] = [360, 200, 36];
+  svg.setAttribute("width", w);
+  svg.setAttribute("height", h);
+  const ts = [...new Set(results.map((r) => r.t))];
+  const lx = (t) => pad + (w - 2 * pad) * (ts.length > 1 ? Math.log(t / ts[0]) / Math.log(ts.at(-1) / ts[0]) : 0.5);
+  const ms = results.map((r) => Math.log(r.ms));
+  const [lo, hi] = [Math.min(...ms), Math.max(...ms) + 1e-9];
+  const ly = (m) => h - pad - (h - 2 * pad) * ((Math.log(m) - lo) / (hi - lo));
+  const colours = ["#c0504d", "#4a7ab5"];
+  [...new Set(results.map((r) => r.kernel))].forEach((name, i) => {
+    const pts = results.filter((r) => r.kernel === name).map((r) => `${lx(r.t)},${ly(r.ms)}`).join(" ");
+    const line = document.createElementNS(ns, "polyline");
+    line.setAttribute("points", pts);
+    line.setAttribute("fill", "none");
+    line.setAttribute("stroke", colours[i % 2]);
+    line.setAttribute("stroke-width", "2");
+    const label = document.createElementNS(ns, "text");
+    label.setAttribute("x", pad + 4);
+    label.setAttribute("y", 14 + 14 * i);
+    label.setAttribute("fill", colours[i % 2]);
+    label.setAttribute("font-size", "12");
+    label.textContent = name;
+    svg.append(line, label);
+  });
+  const axis = document.createElementNS(ns, "text");
+  axis.setAttribute("x", w / 2 - 60);
+  axis.setAttribute("y", h - 8);
+  axis.setAttribute("font-size", "11");
+  axis.textContent = `context ${ts[0]} to ${ts.at(-1)} (log), ms (log)`;
+  svg.append(axis);
+  return svg;
+}
