@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import multiprocessing
 import sys
 from pathlib import Path
 
@@ -28,17 +29,46 @@ from common import RESULTS, write_result  # noqa: E402
 
 from posttrainllm import webgpu  # noqa: E402
 
+HEADS, HEAD_SIZE = 8, 64
 
-def torch_cuda():
+
+def torch_baselines(sizes: list[int], lengths: list[int], heads: int, d: int, repeat: int) -> dict:
+    """torch on CUDA for the same inputs, run in a child process: sharing one process between
+    CUDA and wgpu's Vulkan device lost the Vulkan device on the H200. Empty without CUDA."""
     try:
         import torch
     except ImportError:
-        return None
+        return {}
     if not torch.cuda.is_available():
-        return None
+        return {}
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    return torch
+    out = {}
+    for n in sizes:
+        a, b = matmul_inputs(n)
+        ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+        ms = cuda_ms(torch, lambda ta=ta, tb=tb: ta @ tb, repeat)
+        err = float(np.abs((ta @ tb).cpu().numpy() - a.astype(np.float64) @ b.astype(np.float64)).max())
+        out[f"matmul {n}"] = (2 * n**3 / ms / 1e6, err)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for t in lengths:
+        q, k, v = attention_inputs(heads, t, d)
+        tq, tk, tv = (torch.from_numpy(x).cuda()[None] for x in (q, k, v))
+        ms = cuda_ms(torch, lambda tq=tq, tk=tk, tv=tv: sdpa(tq, tk, tv, is_causal=True), repeat)
+        exact = webgpu.attention_reference(q, k, v)[0]
+        err = float(np.abs(sdpa(tq, tk, tv, is_causal=True)[0].cpu().numpy() - exact).max())
+        out[f"attention {t}"] = (ms, err)
+    return out
+
+
+def matmul_inputs(n: int):
+    rng = np.random.default_rng(n)
+    return rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
+
+
+def attention_inputs(heads: int, t: int, d: int):
+    rng = np.random.default_rng(t)
+    return tuple(rng.standard_normal((heads, t, d)).astype(np.float32) for _ in range(3))
 
 
 def cuda_ms(torch, fn, repeat: int) -> float:
@@ -55,22 +85,18 @@ def cuda_ms(torch, fn, repeat: int) -> float:
     return float(np.median(times))
 
 
-def matmul_table(gpu: webgpu.GPU, args, suffix: str, context: str) -> None:
-    torch = torch_cuda()
-    sizes = [64, 128] if args.quick else ([1024, 2048, 4096] if suffix == "gpu" else [256, 512])
-    rng = np.random.default_rng(0)
+def matmul_table(gpu: webgpu.GPU, args, sizes: list[int], baselines: dict, suffix: str, context: str) -> None:
     rows = []
     best = {}
     for n in sizes:
-        a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+        a, b = matmul_inputs(n)
         reference = a.astype(np.float64) @ b.astype(np.float64)
         flop = 2 * n**3
         torch_gflops = None
-        if torch is not None:
-            ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
-            torch_gflops = flop / cuda_ms(torch, lambda ta=ta, tb=tb: ta @ tb, args.repeat) / 1e6
-            rows.append([n, "torch.matmul (CUDA, fp32, TF32 off)", f"{torch_gflops:,.0f}", "1.00",
-                         f"{np.abs((ta @ tb).cpu().numpy() - reference).max():.1e}", "CUDA events"])
+        if f"matmul {n}" in baselines:
+            torch_gflops, err = baselines[f"matmul {n}"]
+            rows.append([n, "torch.matmul (CUDA, fp32, TF32 off)", f"{torch_gflops:,.0f}", "1.00", f"{err:.1e}",
+                         "CUDA events"])
         for v in webgpu.variants("matmul"):
             if v.get("feature") and v["feature"] not in gpu.features:
                 rows.append([n, v["name"], "-", "-", "-", f"needs {v['feature']}"])
@@ -92,39 +118,50 @@ def matmul_table(gpu: webgpu.GPU, args, suffix: str, context: str) -> None:
     )
 
 
-def attention_table(gpu: webgpu.GPU, args, suffix: str, context: str) -> None:
-    torch = torch_cuda()
-    heads, d = 8, 64
-    lengths = [64, 128] if args.quick else ([512, 1024, 2048, 4096] if suffix == "gpu" else [128, 256, 512])
-    rng = np.random.default_rng(1)
+def attention_run(file: str, params: dict, t: int, args) -> tuple:
+    """One attention kernel at one length, in a process of its own: ``(ms, error, method)`` or
+    ``(None, reason, "")`` when the device is lost (the naive kernel's private row at T = 4096 did
+    that on the H200), so one crash cannot take the rest of the table with it."""
+    if args.driver:
+        webgpu.use_driver(args.driver)
+    try:
+        gpu = webgpu.GPU()
+        q, k, v = attention_inputs(HEADS, t, HEAD_SIZE)
+        out, lse = webgpu.attention_reference(q, k, v)
+        o, lse_gpu, timing = gpu.attention(q, k, v, file, params, repeat=args.repeat)
+        return timing.median_ms, float(max(np.abs(o - out).max(), np.abs(lse_gpu - lse).max())), timing.method
+    except Exception as err:  # noqa: BLE001 - wgpu reports a lost device as a validation error
+        return None, str(err).strip().splitlines()[-1].strip(), ""
+
+
+def attention_table(gpu: webgpu.GPU, args, lengths: list[int], baselines: dict, suffix: str, context: str) -> None:
     rows = []
     for t in lengths:
-        q, k, v = (rng.standard_normal((heads, t, d)).astype(np.float32) for _ in range(3))
-        out, lse = webgpu.attention_reference(q, k, v)
         times = {}
         for variant in webgpu.variants("attention"):
             params = dict(variant["params"])
             if "naive" in variant["file"]:
                 params["MAX_T"] = max(t, 1024)  # the private score row must hold the whole context
-            o, lse_gpu, timing = gpu.attention(q, k, v, variant["file"], params, repeat=args.repeat)
-            times[variant["name"]] = timing.median_ms
-            err = max(np.abs(o - out).max(), np.abs(lse_gpu - lse).max())
-            rows.append([t, variant["name"], f"{timing.median_ms:.3f}", f"{err:.1e}", timing.method])
-        naive, flash = times["naive"], times["FlashAttention-2"]
-        rows.append([t, "FA2 speed-up over naive", f"{naive / flash:.2f}x", "-", "-"])
-        if torch is not None:
-            tq, tk, tv = (torch.from_numpy(x).cuda()[None] for x in (q, k, v))
-            sdpa = torch.nn.functional.scaled_dot_product_attention
-            ms = cuda_ms(torch, lambda tq=tq, tk=tk, tv=tv, f=sdpa: f(tq, tk, tv, is_causal=True), args.repeat)
-            err = np.abs(sdpa(tq, tk, tv, is_causal=True)[0].cpu().numpy() - out).max()
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                ms, err, method = pool.apply(attention_run, (variant["file"], params, t, args))
+            if ms is None:
+                rows.append([t, variant["name"], "failed", "-", err])
+                continue
+            times[variant["name"]] = ms
+            rows.append([t, variant["name"], f"{ms:.3f}", f"{err:.1e}", method])
+        if len(times) == 2:
+            rows.append([t, "FA2 speed-up over naive", f"{times['naive'] / times['FlashAttention-2']:.2f}x", "-", "-"])
+        if f"attention {t}" in baselines:
+            ms, err = baselines[f"attention {t}"]
             rows.append([t, "torch SDPA (CUDA, fp32)", f"{ms:.3f}", f"{err:.1e}", "CUDA events"])
     write_result(
         f"webgpu_attention_{suffix}",
-        f"Causal attention forward, {heads} heads of {d}, WGSL through wgpu-py on {gpu.name}{context}",
+        f"Causal attention forward, {HEADS} heads of {HEAD_SIZE}, WGSL through wgpu-py on {gpu.name}{context}",
         ["T", "kernel", "ms", "max error", "timing"],
         rows,
         f"Error: the larger of the output's and the logsumexp's, against float64 numpy. The naive kernel's MAX_T is "
-        f"raised to T beyond 1024. {adapter_note(gpu)}",
+        f"raised to T beyond 1024 (a private row of 4T bytes per invocation); each kernel runs in a fresh process "
+        f"and device. {adapter_note(gpu)}",
         args.out,
     )
 
@@ -169,11 +206,19 @@ def main(argv: list[str] | None = None) -> None:
         args.repeat = 2
     if args.driver:
         webgpu.use_driver(args.driver)
+    cpu = args.driver is not None
+    sizes = [64, 128] if args.quick else ([256, 512] if cpu else [1024, 2048, 4096])
+    lengths = [64, 128] if args.quick else ([128, 256, 512] if cpu else [512, 1024, 2048, 4096])
+    baselines = {}
+    if not cpu:  # before wgpu starts, in a process of its own
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            baselines = pool.apply(torch_baselines, (sizes, lengths, HEADS, HEAD_SIZE, args.repeat))
     gpu = webgpu.GPU()
-    cpu = gpu.info.get("adapter_type") == "CPU"
+    if (gpu.info.get("adapter_type") == "CPU") != cpu:
+        raise SystemExit(f"--driver says {'a CPU driver' if cpu else 'a GPU'}, but the adapter is {gpu.name}")
     suffix, context = ("cpu", " (a CPU driver: correctness only, not GPU speed)") if cpu else ("gpu", "")
-    matmul_table(gpu, args, suffix, context)
-    attention_table(gpu, args, suffix, context)
+    matmul_table(gpu, args, sizes, baselines, suffix, context)
+    attention_table(gpu, args, lengths, baselines, suffix, context)
     softmax_table(gpu, args, suffix, context)
 
 
