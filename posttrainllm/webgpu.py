@@ -92,6 +92,58 @@ def bindings(wgsl: str) -> list[tuple[int, str]]:
     return sorted((int(b), LAYOUT_TYPES[kind]) for b, kind in _BINDING.findall(wgsl))
 
 
+def _evaluate(expr: str, values: dict[str, int]) -> int:
+    """An integer WGSL constant expression: literals, known constants, + - * / and parentheses."""
+    import ast
+
+    def walk(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in values:
+            return values[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in (ast.Add, ast.Sub, ast.Mult, ast.Div):
+            a, b = walk(node.left), walk(node.right)
+            return {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}.get(type(node.op), a // b if b else 0)
+        raise ValueError(f"cannot evaluate {expr!r}")
+
+    return walk(ast.parse(re.sub(r"(\d+)u\b", r"\1", expr.strip()), mode="eval").body)
+
+
+def _all_constants(wgsl: str) -> dict[str, int]:
+    values: dict[str, int] = {}
+    for name, _, value in _CONST.findall(wgsl):
+        values[name] = _evaluate(value, values)
+    return values
+
+
+_SIZES = {"f32": 4, "u32": 4, "i32": 4, "f16": 2, "vec4<f32>": 16, "vec2<f32>": 8}
+
+
+def resources(wgsl: str) -> dict[str, int]:
+    """What a kernel asks of the GPU, evaluated from its source: ``invocations`` per workgroup,
+    ``workgroup_bytes`` (its ``var<workgroup>`` arrays) and ``private_array_bytes`` (the arrays each
+    invocation declares for itself, which the GPU must fit in registers or spill)."""
+    values = _all_constants(wgsl)
+    size = re.search(r"@workgroup_size\(([^)]*)\)", wgsl)[1]
+    invocations = int(np.prod([_evaluate(d, values) for d in size.split(",")]))
+    arrays = re.findall(r"var<workgroup>\s+\w+:\s*array<(\w+|vec\d<\w+>),\s*([^;]+)>;", wgsl)
+    private = re.findall(r"^\s+var \w+: array<(\w+|vec\d<\w+>),\s*([^;]+)>;", wgsl, re.MULTILINE)
+    return {"invocations": invocations,
+            "workgroup_bytes": sum(_SIZES[t] * _evaluate(n, values) for t, n in arrays),
+            "private_array_bytes": sum(_SIZES[t] * _evaluate(n, values) for t, n in private)}
+
+
+def excerpt(file: str, start: str) -> str:
+    """From the line of ``webgpu/<file>`` that begins with ``start`` to the end of that top-level
+    block (the next line that is just ``}``): one function of a .js or .wgsl file, for the book."""
+    lines = (KERNELS / file).read_text(encoding="utf-8").splitlines()
+    first = next((i for i, line in enumerate(lines) if line.startswith(start)), None)
+    if first is None:
+        raise ValueError(f"no line of {file} starts with {start!r}")
+    last = next(i for i in range(first, len(lines)) if lines[i] == "}")
+    return "\n".join(lines[first : last + 1])
+
+
 @dataclass
 class Timing:
     median_ms: float
