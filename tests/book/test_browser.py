@@ -4,6 +4,10 @@ For each page: it renders with no console errors, its math is typeset by the ven
 its widgets are drawn by the vendored ipywidgets manager, and no request left the machine.
 """
 
+import functools
+import http.server
+import json
+import threading
 from urllib.parse import urlparse
 
 import pytest
@@ -18,6 +22,10 @@ FLAGS = [
 ]
 
 
+WEBGPU_FLAGS = [f for f in FLAGS if f != "--disable-gpu"] + ["--enable-unsafe-webgpu"]  # SwiftShader's WebGPU
+WEBGPU_CELLS = {"notebooks/03-tensors.html": "matmul", "notebooks/07-attention.html": "attention"}
+
+
 def _pages():
     """Every page of the table of contents, plus the index and search pages Sphinx adds."""
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
@@ -27,18 +35,42 @@ def _pages():
 
 @pytest.fixture(scope="module")
 def browser(site):
+    yield from _launch(FLAGS)
+
+
+def _launch(flags):
     chromium = chromium_path()
     require(chromium is not None, "Debian's chromium (apt-get install chromium)")
     playwright = pytest.importorskip("playwright.sync_api")
     with playwright.sync_playwright() as p:
         # Playwright gives every launch a fresh, empty profile (its own user-data dir).
-        b = p.chromium.launch(executable_path=chromium, args=FLAGS)
+        b = p.chromium.launch(executable_path=chromium, args=flags)
         yield b
         b.close()
 
 
 @pytest.fixture(scope="module")
-def visit(browser, site):
+def webgpu_browser(site):
+    yield from _launch(WEBGPU_FLAGS)
+
+
+@pytest.fixture(scope="module")
+def plain_site(built_book):
+    """The built book from a plain static server: no cross-origin isolation headers, as on a
+    static host such as GitHub Pages."""
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(BUILD / "html")))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _visitor(browser, base):
     """Open a page; return (page, console errors, requests that tried to leave 127.0.0.1)."""
     opened = []
 
@@ -58,10 +90,16 @@ def visit(browser, site):
         page = context.new_page()
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{site}/{path}", wait_until="networkidle")
+        page.goto(f"{base}/{path}", wait_until="networkidle")
         opened.append(context)
         return page, errors, external
 
+    return _visit, opened
+
+
+@pytest.fixture(scope="module")
+def visit(browser, site):
+    _visit, opened = _visitor(browser, site)
     yield _visit
     for context in opened:
         context.close()
@@ -89,4 +127,59 @@ def test_notebook_widgets_show_sliders_pictures_and_study_cards(visit):
     image = page.locator(".widget-image").first
     assert image.evaluate("img => img.complete && img.naturalWidth > 100")
     assert page.locator(".widget-textarea").count() == 1 and page.get_by_text("Study card:").count() == 1
+    assert errors == []
+
+
+def _cell(page, kind):
+    cell = page.locator(f".ptl-webgpu[data-kind={kind}]")
+    assert cell.count() == 1, f"no {kind} WebGPU cell on the page"
+    page.wait_for_function("e => !['starting', undefined].includes(e.dataset.state)", arg=cell.element_handle(),
+                           timeout=30000)
+    return cell
+
+
+@pytest.mark.parametrize("server", ["isolated", "plain static host"])
+@pytest.mark.parametrize("path", sorted(WEBGPU_CELLS))
+def test_webgpu_cells_run_on_the_page_and_match_the_cpu(webgpu_browser, site, plain_site, server, path):
+    _visit, opened = _visitor(webgpu_browser, site if server == "isolated" else plain_site)
+    try:
+        page, errors, external = _visit(path)
+        cell = _cell(page, WEBGPU_CELLS[path])
+        status = cell.locator(".ptl-status")
+        assert cell.get_attribute("data-state") == "ready", status.inner_text()
+        assert "software (CPU) adapter" in status.inner_text()  # SwiftShader says what its times mean
+        cell.locator("select").select_option("small")
+        cell.locator("button").click()
+        page.wait_for_function("e => ['done', 'error'].includes(e.dataset.state)", arg=cell.element_handle(),
+                               timeout=240000)
+        assert cell.get_attribute("data-state") == "done", status.inner_text()
+        results = json.loads(cell.get_attribute("data-results"))
+        timed = [r for r in results if "skipped" not in r]
+        assert timed and all(r["ok"] for r in timed), [r for r in timed if not r["ok"]]
+        assert all(r["ms"] > 0 for r in timed)
+        if WEBGPU_CELLS[path] == "matmul":
+            assert {r["n"] for r in results} == {64, 128, 256}
+            assert {r["kernel"] for r in timed} >= {"naive", "tiled 16x16", "vec4, register 8x8"}
+            skipped = [r for r in results if "skipped" in r]  # SwiftShader has no shader-f16: said, not hidden
+            assert skipped and all("shader-f16" in r["skipped"] for r in skipped)
+            assert page.get_by_text("needs shader-f16").count() == len(skipped)
+        else:
+            assert {(r["t"], r["kernel"]) for r in timed} == {(t, k) for t in (64, 128, 256)
+                                                              for k in ("naive", "FlashAttention-2")}
+            assert cell.locator("svg polyline").count() == 2
+        assert "Every result matched the CPU" in status.inner_text()
+        assert errors == [] and external == []
+    finally:
+        for context in opened:
+            context.close()
+
+
+@pytest.mark.parametrize("path", sorted(WEBGPU_CELLS))
+def test_webgpu_cells_explain_themselves_without_webgpu(visit, path):
+    page, errors, _ = visit(path)  # the default browser runs with --disable-gpu: no adapter
+    cell = _cell(page, WEBGPU_CELLS[path])
+    assert cell.get_attribute("data-state") == "unavailable"
+    message = cell.locator(".ptl-status").inner_text()
+    assert "WebGPU" in message and "no GPU adapter" in message
+    assert cell.locator("button").is_disabled()
     assert errors == []
