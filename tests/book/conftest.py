@@ -82,3 +82,11 @@ def site(built_book):
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="session")
+def playwright():
+    """One Playwright driver for the session: its sync API allows only one at a time."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        yield p

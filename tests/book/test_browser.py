@@ -34,24 +34,22 @@ def _pages():
 
 
 @pytest.fixture(scope="module")
-def browser(site):
-    yield from _launch(FLAGS)
+def browser(playwright, site):
+    yield from _launch(playwright, FLAGS)
 
 
-def _launch(flags):
+def _launch(playwright, flags):
     chromium = chromium_path()
     require(chromium is not None, "Debian's chromium (apt-get install chromium)")
-    playwright = pytest.importorskip("playwright.sync_api")
-    with playwright.sync_playwright() as p:
-        # Playwright gives every launch a fresh, empty profile (its own user-data dir).
-        b = p.chromium.launch(executable_path=chromium, args=flags)
-        yield b
-        b.close()
+    # Playwright gives every launch a fresh, empty profile (its own user-data dir).
+    b = playwright.chromium.launch(executable_path=chromium, args=flags)
+    yield b
+    b.close()
 
 
 @pytest.fixture(scope="module")
-def webgpu_browser(site):
-    yield from _launch(WEBGPU_FLAGS)
+def webgpu_browser(playwright, site):
+    yield from _launch(playwright, WEBGPU_FLAGS)
 
 
 @pytest.fixture(scope="module")

@@ -60,14 +60,12 @@ def lab(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def chromium():
+def chromium(playwright):
     path = chromium_path()
     require(path is not None, "Debian's chromium (apt-get install chromium)")
-    playwright = pytest.importorskip("playwright.sync_api")
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=path, args=WEBGPU_FLAGS)
-        yield browser
-        browser.close()
+    browser = playwright.chromium.launch(executable_path=path, args=WEBGPU_FLAGS)
+    yield browser
+    browser.close()
 
 
 @pytest.mark.parametrize("notebook", sorted(NOTEBOOKS))
