@@ -70,10 +70,14 @@ function fail(root, status, message) {
   root.dataset.state = "error";
 }
 
+const PAD = "padding:2px 12px;text-align:left;white-space:nowrap";
+
 function table(columns) {
   const body = el("tbody");
-  const t = el("table", {class: "ptl-table"}, el("thead", {}, el("tr", {}, ...columns.map((c) => el("th", {}, c)))), body);
-  return {t, add: (...cells) => body.append(el("tr", {}, ...cells.map((c) => (c instanceof Node ? el("td", {}, c) : el("td", {}, String(c))))))};
+  const head = el("thead", {}, el("tr", {}, ...columns.map((c) => el("th", {style: PAD}, c))));
+  const t = el("table", {class: "ptl-table", style: "border-collapse:collapse;margin:0.5em 0"}, head, body);
+  const cell = (c) => el("td", {style: PAD}, c instanceof Node ? c : String(c));
+  return {t, add: (...cells) => body.append(el("tr", {}, ...cells.map(cell)))};
 }
 
 function bar(fraction) {
@@ -141,8 +145,10 @@ async function attentionRace(rt, gpu, files, variants, list, output, status) {
   plot.append(linePlot(results));
   const longest = Math.max(...list);
   const at = (name) => results.find((r) => r.t === longest && r.kernel === name).ms;
+  const ratio = at("naive") / at("FlashAttention-2");
   status.textContent = `Done. At T = ${longest}, FlashAttention-2 takes ${at("FlashAttention-2").toFixed(2)} ms and ` +
-    `the naive kernel ${at("naive").toFixed(2)} ms (${(at("naive") / at("FlashAttention-2")).toFixed(1)}x). ` +
+    `the naive kernel ${at("naive").toFixed(2)} ms: FlashAttention-2 is ` +
+    (ratio >= 1 ? `${ratio.toFixed(1)}x faster` : `${(1 / ratio).toFixed(1)}x slower`) + " here. " +
     (results.every((r) => r.ok) ? "Every result matched the CPU." : "Some results did NOT match the CPU.");
   return results;
 }
