@@ -96,14 +96,15 @@ def _evaluate(expr: str, values: dict[str, int]) -> int:
     """An integer WGSL constant expression: literals, known constants, + - * / and parentheses."""
     import ast
 
+    ops = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__, ast.Div: int.__floordiv__}
+
     def walk(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
             return node.value
         if isinstance(node, ast.Name) and node.id in values:
             return values[node.id]
-        if isinstance(node, ast.BinOp) and type(node.op) in (ast.Add, ast.Sub, ast.Mult, ast.Div):
-            a, b = walk(node.left), walk(node.right)
-            return {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}.get(type(node.op), a // b if b else 0)
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:  # u32 division truncates, as in WGSL
+            return ops[type(node.op)](walk(node.left), walk(node.right))
         raise ValueError(f"cannot evaluate {expr!r}")
 
     return walk(ast.parse(re.sub(r"(\d+)u\b", r"\1", expr.strip()), mode="eval").body)
