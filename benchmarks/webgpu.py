@@ -30,6 +30,7 @@ from common import RESULTS, write_result  # noqa: E402
 from posttrainllm import webgpu  # noqa: E402
 
 HEADS, HEAD_SIZE = 8, 64
+TABLES = ("matmul", "attention", "softmax")
 
 
 def torch_baselines(sizes: list[int], lengths: list[int], heads: int, d: int, repeat: int) -> dict:
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, few runs (a smoke test)")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="which tables to measure")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeat = 2
@@ -217,9 +219,12 @@ def main(argv: list[str] | None = None) -> None:
     if (gpu.info.get("adapter_type") == "CPU") != cpu:
         raise SystemExit(f"--driver says {'a CPU driver' if cpu else 'a GPU'}, but the adapter is {gpu.name}")
     suffix, context = ("cpu", " (a CPU driver: correctness only, not GPU speed)") if cpu else ("gpu", "")
-    matmul_table(gpu, args, sizes, baselines, suffix, context)
-    attention_table(gpu, args, lengths, baselines, suffix, context)
-    softmax_table(gpu, args, suffix, context)
+    if "matmul" in args.tables:
+        matmul_table(gpu, args, sizes, baselines, suffix, context)
+    if "attention" in args.tables:
+        attention_table(gpu, args, lengths, baselines, suffix, context)
+    if "softmax" in args.tables:
+        softmax_table(gpu, args, suffix, context)
 
 
 if __name__ == "__main__":

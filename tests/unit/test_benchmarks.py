@@ -22,7 +22,7 @@ SCRIPTS = {  # script -> the result tables it writes
     "webgpu": ["webgpu_matmul_cpu", "webgpu_attention_cpu", "webgpu_softmax_cpu"],
 }
 EXTRA_ARGS = {"webgpu": ["--driver", "lavapipe"]}  # CI has no GPU: the CPU driver checks the code path
-COMMITTED = {"webgpu": ["webgpu_matmul_gpu"]}  # measured on an H200 (the attention and softmax tables are not yet)
+COMMITTED = {"webgpu": ["webgpu_matmul_gpu", "webgpu_attention_gpu", "webgpu_softmax_gpu"]}  # measured on an H200
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
