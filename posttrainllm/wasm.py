@@ -1,0 +1,187 @@
+"""Module 7's tiny-GPT trainer in WebAssembly (``wasm/``), driven and checked from Python.
+
+``wasm/tinygpt.cpp`` trains the oracle GPT (:mod:`posttrainllm.model`, default architecture) in
+C++ compiled three ways — plain scalar code, 128-bit SIMD, and SIMD with threads — and this
+module is its Python side:
+
+- the trainer's own initialisation and batch sampler, reproduced in numpy, so that the PyTorch
+  oracle can start from the same weights and see the same batches (:func:`init_weights`,
+  :func:`batch_starts`);
+- the weights file the trainer reads (:func:`weights_bytes`) and the mapping between its flat
+  parameter array and the oracle's ``state_dict`` (:func:`flat_params`, :func:`load_flat`);
+- :func:`run_node`, which runs a build under node, and :func:`oracle_losses`, the same training
+  in PyTorch; the loss drift between the two is this port's correctness number;
+- :func:`browser_cell`, which trains it in the reader's browser.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from posttrainllm.checkout import repo_root
+
+WASM = repo_root() / "wasm"
+DIST = WASM / "dist"
+BUILDS = ("scalar", "simd", "threads")  # wasm/trainer.mjs names their files
+MAGIC = b"PTLGPT1\0"
+GOLDEN = 0x9E3779B97F4A7C15
+MASK = (1 << 64) - 1
+
+
+def trainer_config(config, batch: int) -> dict:
+    """The trainer's shape from a :class:`~posttrainllm.model.GPTConfig` (which must use the
+    default architecture: the only one the C++ implements)."""
+    wanted = {"norm": "layernorm", "mlp": "gelu", "positions": "learned", "tie_weights": True, "n_kv_head": None,
+              "window": None}
+    other = {k: getattr(config, k) for k, v in wanted.items() if getattr(config, k) != v}
+    if other:
+        raise ValueError(f"the WASM trainer implements the default GPT only; this config differs in {other}")
+    return {"vocab": config.vocab_size, "block": config.block_size, "layers": config.n_layer,
+            "heads": config.n_head, "embd": config.n_embd, "batch": batch}
+
+
+def splitmix64(seed: int, count: int, start: int = 0) -> np.ndarray:
+    """Draws ``start .. start+count-1`` of the trainer's generator (``Rng`` in tinygpt.cpp): the
+    k-th is a fixed mix of ``seed + (k+1) * GOLDEN``, so any draw can be computed directly."""
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed) + np.arange(start + 1, start + count + 1, dtype=np.uint64) * np.uint64(GOLDEN)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def shapes(config) -> list[tuple[str, tuple[int, ...]]]:
+    """The trainer's parameters in order: the oracle's ``state_dict`` without the tied head."""
+    c, out = config, [("tok_emb.weight", (config.vocab_size, config.n_embd)),
+                      ("pos_emb.weight", (config.block_size, config.n_embd))]
+    d = c.n_embd
+    for i in range(c.n_layer):
+        for name, shape in [("norm1.weight", (d,)), ("norm1.bias", (d,)), ("attn.qkv.weight", (3 * d, d)),
+                            ("attn.qkv.bias", (3 * d,)), ("attn.proj.weight", (d, d)), ("attn.proj.bias", (d,)),
+                            ("norm2.weight", (d,)), ("norm2.bias", (d,)), ("mlp.up.weight", (4 * d, d)),
+                            ("mlp.up.bias", (4 * d,)), ("mlp.proj.weight", (d, 4 * d)), ("mlp.proj.bias", (d,))]:
+            out.append((f"blocks.{i}.{name}", shape))
+    return [*out, ("norm.weight", (d,)), ("norm.bias", (d,))]
+
+
+def init_weights(config, seed: int = 0) -> np.ndarray:
+    """The trainer's initial parameters (``tg_create``), flat float32: the oracle's scheme —
+    N(0, 0.02) matrices, residual projections scaled by 1/sqrt(2 n_layer), zero biases, unit
+    gains — drawn by Box-Muller from splitmix64 instead of torch's generator."""
+    parts, drawn = [], 0
+    for name, shape in shapes(config):
+        size = int(np.prod(shape))
+        if len(shape) == 1:
+            parts.append(np.full(size, 1.0 if name.endswith("weight") else 0.0, dtype=np.float32))
+            continue
+        std = 0.02 / np.sqrt(2 * config.n_layer) if name.endswith("proj.weight") else 0.02
+        draws = (splitmix64(seed, 2 * size, drawn) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+        drawn += 2 * size
+        u1, u2 = 1.0 - draws[0::2], draws[1::2]
+        parts.append((std * np.sqrt(-2.0 * np.log(u1)) * np.cos(6.283185307179586 * u2)).astype(np.float32))
+    return np.concatenate(parts)
+
+
+def flat_params(model) -> np.ndarray:
+    """The oracle's parameters in the trainer's order, flat float32."""
+    state = model.state_dict()
+    return np.concatenate([state[name].detach().float().numpy().ravel() for name, _ in shapes(model.config)])
+
+
+def load_flat(model, flat: np.ndarray) -> None:
+    """Copy a flat parameter array (the trainer's order) into the oracle, in place."""
+    import torch
+
+    state, offset = {}, 0
+    for name, shape in shapes(model.config):
+        size = int(np.prod(shape))
+        state[name] = torch.from_numpy(np.asarray(flat[offset : offset + size], dtype=np.float32).reshape(shape))
+        offset += size
+    if offset != len(flat):
+        raise ValueError(f"{len(flat):,} values for a model of {offset:,} parameters")
+    model.load_state_dict({**model.state_dict(), **state})  # the tied head follows tok_emb
+
+
+def weights_bytes(model) -> bytes:
+    """The oracle's weights as the trainer reads them (``tg_load``): ``PTLGPT1\\0``, six int32
+    (vocab, block, layers, heads, width, parameter count), then float32 little-endian."""
+    c, flat = model.config, flat_params(model)
+    return MAGIC + struct.pack("<6i", c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd, len(flat)) + \
+        flat.astype("<f4").tobytes()
+
+
+def batch_starts(seed: int, n_tokens: int, block: int, batch: int, steps: int) -> np.ndarray:
+    """Where each sequence of each step's batch starts (steps x batch), as the trainer draws them."""
+    return (splitmix64(seed, steps * batch) % np.uint64(n_tokens - block)).astype(np.int64).reshape(steps, batch)
+
+
+def oracle_losses(model, ids, steps: int, batch: int, seed: int = 0, lr: float = 3e-3) -> list[float]:
+    """Train the PyTorch oracle in place for ``steps`` AdamW steps on the trainer's batches of
+    ``ids``; the losses, one per step. The same function as :func:`posttrainllm.train.train`,
+    with the batches drawn by the trainer's sampler instead of torch's."""
+    import torch
+
+    ids = torch.as_tensor(np.asarray(ids, dtype=np.int64))
+    block = model.config.block_size
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    for starts in batch_starts(seed, len(ids), block, batch, steps):
+        x = torch.stack([ids[s : s + block] for s in starts])
+        y = torch.stack([ids[s + 1 : s + 1 + block] for s in starts])
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def node() -> str:
+    path = shutil.which("node")
+    if path is None:
+        raise RuntimeError("the WASM trainer runs under node here, and node is not installed (apt-get install nodejs)")
+    return path
+
+
+def run_node(build: str, config: dict, *, threads: int = 1, seed: int = 0, weights: bytes | None = None,
+             tokens=None, token_seed: int = 0, steps: int = 0, lr: float = 3e-3, batch=None,
+             dist: Path = DIST) -> dict:
+    """Run ``build`` of the trainer under node (``wasm/node_run.mjs``). Returns its answer:
+    ``losses`` of ``steps`` training steps on ``tokens``, ``seconds``, ``threads``, and with
+    ``batch=(inputs, targets)`` that batch's ``loss``, ``grads`` and ``logits``; ``params``
+    after training. A trainer error raises ``RuntimeError`` with the trainer's message."""
+    if build not in BUILDS:
+        raise ValueError(f"no build {build!r}; the builds are {BUILDS}")
+    with tempfile.TemporaryDirectory(prefix="tinygpt-") as tmp:
+        tmp = Path(tmp)
+        job = {"build": build, "dist": str(dist), "config": config, "threads": threads, "seed": seed,
+               "adamw": {"lr": lr}, "steps": steps, "token_seed": token_seed, "out": str(tmp)}
+        if weights is not None:
+            (tmp / "weights.bin").write_bytes(weights)
+            job["weights"] = str(tmp / "weights.bin")
+        if tokens is not None:
+            np.asarray(tokens, dtype="<u2").tofile(tmp / "tokens.u16")
+            job["tokens"] = str(tmp / "tokens.u16")
+        if batch is not None:
+            for name, array in zip(("inputs", "targets"), batch, strict=True):
+                np.asarray(array, dtype="<i4").tofile(tmp / f"{name}.i32")
+            job["batch"] = {name: str(tmp / f"{name}.i32") for name in ("inputs", "targets")}
+        (tmp / "job.json").write_text(json.dumps(job))
+        done = subprocess.run([node(), "--no-experimental-fetch", str(WASM / "node_run.mjs"), str(tmp / "job.json")],
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode != 0 or not done.stdout:
+            raise RuntimeError(f"node failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+        answer = json.loads(done.stdout)
+        if "error" in answer:
+            raise RuntimeError(answer["error"])
+        for name in ("params", "grads", "logits"):
+            if (tmp / f"{name}.f32").is_file():
+                answer[name] = np.fromfile(tmp / f"{name}.f32", dtype="<f4")
+    return answer

@@ -1,0 +1,564 @@
+// The oracle GPT (posttrainllm/model.py, default config: LayerNorm, GELU, learned positions,
+// tied head, causal multi-head attention) trained with AdamW, in C++ for WebAssembly.
+//
+// It computes the same function as the PyTorch oracle, step for step: same parameters in the
+// same order (the oracle's state_dict without the tied head), same batches (a seeded sampler
+// that posttrainllm.wasm reproduces), same AdamW arithmetic as torch.optim.AdamW. Everything
+// that differs — SIMD, threads, the order of float additions — is engineering, and the loss
+// drift against the oracle is the number that checks it (book/math-vs-engineering.md).
+//
+// The C API (tg_*) is what JavaScript calls; errors return nonzero and leave a message in
+// tg_error() instead of aborting, so a page can show it.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels.h"
+#include "pool.h"
+
+namespace {
+
+struct Config {
+  int vocab, block, layers, heads, embd, batch;
+};
+
+// splitmix64: counter-based, so Python reproduces the k-th draw as mix(seed + k * GOLDEN).
+constexpr uint64_t GOLDEN = 0x9E3779B97F4A7C15ull;
+struct Rng {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += GOLDEN);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+};
+
+// One parameter tensor, as a slice of the flat parameter array.
+struct Tensor {
+  long offset, size;
+  int rows;  // > 0 for a weight matrix, 0 for a bias or norm vector
+  bool projection, gain;
+};
+
+struct Layer {
+  Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, up_w, up_b, down_w, down_b;
+};
+
+// Activations of one layer, kept for the backward pass.
+struct Acts {
+  float *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *y, *x2, *ln2, *ln2_mean, *ln2_rstd, *h, *g;
+};
+
+struct Model {
+  Config cfg{};
+  Pool* pool = nullptr;
+  std::vector<Tensor> tensors;
+  Tensor tok, pos, lnf_w, lnf_b;
+  std::vector<Layer> layers;
+  long n_params = 0;
+  float *params = nullptr, *grads = nullptr, *m = nullptr, *v = nullptr;
+  std::vector<Acts> acts;
+  float *x_out, *lnf, *lnf_mean, *lnf_rstd, *logits, *probs;
+  float *d_resid, *d_ln, *d_qkv, *d_y, *d_h, *d_x2;  // backward scratch
+  std::vector<int> x, y;
+  std::vector<uint16_t> tokens;
+  Rng batches{0};
+  int step = 0;
+  float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  std::vector<void*> blocks;  // every allocation, freed together
+};
+
+Model* model = nullptr;
+char error_message[512] = "";
+
+int fail(const char* fmt, long a = 0, long b = 0, long c = 0) {
+  std::snprintf(error_message, sizeof error_message, fmt, a, b, c);
+  return 1;
+}
+
+float* at(Model& md, const Tensor& t) { return md.params + t.offset; }
+float* grad(Model& md, const Tensor& t) { return md.grads + t.offset; }
+
+Tensor add(Model& md, int rows, long cols, bool projection = false, bool gain = false) {
+  Tensor t{md.n_params, rows ? rows * cols : cols, rows, projection, gain};
+  md.n_params += t.size;
+  md.tensors.push_back(t);
+  return t;
+}
+
+// The oracle's state_dict order (head.weight is tok_emb.weight, so it is not repeated).
+void lay_out(Model& md) {
+  const Config& c = md.cfg;
+  md.tok = add(md, c.vocab, c.embd);
+  md.pos = add(md, c.block, c.embd);
+  for (int l = 0; l < c.layers; ++l) {
+    Layer L;
+    L.ln1_w = add(md, 0, c.embd, false, true);
+    L.ln1_b = add(md, 0, c.embd);
+    L.qkv_w = add(md, 3 * c.embd, c.embd);
+    L.qkv_b = add(md, 0, 3 * c.embd);
+    L.proj_w = add(md, c.embd, c.embd, true);
+    L.proj_b = add(md, 0, c.embd);
+    L.ln2_w = add(md, 0, c.embd, false, true);
+    L.ln2_b = add(md, 0, c.embd);
+    L.up_w = add(md, 4 * c.embd, c.embd);
+    L.up_b = add(md, 0, 4 * c.embd);
+    L.down_w = add(md, c.embd, 4 * c.embd, true);
+    L.down_b = add(md, 0, c.embd);
+    md.layers.push_back(L);
+  }
+  md.lnf_w = add(md, 0, c.embd, false, true);
+  md.lnf_b = add(md, 0, c.embd);
+}
+
+float* alloc(Model& md, long count, bool& ok) {
+  void* p = ok ? std::calloc(static_cast<size_t>(count), sizeof(float)) : nullptr;
+  if (!p) ok = false;
+  else md.blocks.push_back(p);
+  return static_cast<float*>(p);
+}
+
+void destroy(Model* md) {
+  if (!md) return;
+  for (void* p : md->blocks) std::free(p);
+  delete md->pool;
+  delete md;
+}
+
+// ---- forward pieces ---------------------------------------------------------------------------
+
+void layernorm(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int rows,
+               int C) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + static_cast<long>(r) * C;
+    float mu = 0.0f, var = 0.0f;
+    for (int i = 0; i < C; ++i) mu += xr[i];
+    mu /= C;
+    for (int i = 0; i < C; ++i) var += (xr[i] - mu) * (xr[i] - mu);
+    float rs = 1.0f / std::sqrt(var / C + 1e-5f);  // biased variance, eps 1e-5: torch's LayerNorm
+    float* o = out + static_cast<long>(r) * C;
+    for (int i = 0; i < C; ++i) o[i] = (xr[i] - mu) * rs * w[i] + b[i];
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+}
+
+void linear(Model& md, float* out, const float* in, const Tensor& w, const Tensor* b, int rows) {
+  int N = w.rows;
+  int K = static_cast<int>(w.size / w.rows);
+  const float *W = at(md, w), *B = b ? at(md, *b) : nullptr;
+  md.pool->parallel_for(rows, [&](int s, int e) { kernels::matmul_nt(out, in, W, B, N, K, s, e); });
+}
+
+// Causal attention for every (sequence, head): softmax(q k^T / sqrt(d)) v, probabilities kept.
+void attention(Model& md, float* y, float* att, const float* qkv, int B, int T) {
+  const int C = md.cfg.embd, H = md.cfg.heads, hs = C / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  md.pool->parallel_for(B * H, [&](int s, int e) {
+    for (int u = s; u < e; ++u) {
+      int b = u / H, h = u % H;
+      for (int i = 0; i < T; ++i) {
+        const float* q = qkv + (static_cast<long>(b) * T + i) * 3 * C + h * hs;
+        float* p = att + (static_cast<long>(u) * T + i) * T;
+        float peak = -INFINITY;
+        for (int j = 0; j <= i; ++j) {
+          const float* k = qkv + (static_cast<long>(b) * T + j) * 3 * C + C + h * hs;
+          float dot = 0.0f;
+          for (int d = 0; d < hs; ++d) dot += q[d] * k[d];
+          p[j] = dot * scale;
+          if (p[j] > peak) peak = p[j];
+        }
+        float total = 0.0f;
+        for (int j = 0; j <= i; ++j) total += (p[j] = std::exp(p[j] - peak));
+        for (int j = 0; j <= i; ++j) p[j] /= total;
+        for (int j = i + 1; j < T; ++j) p[j] = 0.0f;
+        float* out = y + (static_cast<long>(b) * T + i) * C + h * hs;
+        for (int d = 0; d < hs; ++d) out[d] = 0.0f;
+        for (int j = 0; j <= i; ++j) kernels::axpy(out, qkv + (static_cast<long>(b) * T + j) * 3 * C + 2 * C + h * hs, p[j], hs);
+      }
+    }
+  });
+}
+
+float gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }  // torch's exact GELU
+float gelu_grad(float x) {
+  return 0.5f * (1.0f + std::erf(x * 0.70710678118654752f)) + x * std::exp(-0.5f * x * x) * 0.39894228040143268f;
+}
+
+// Logits (rows x vocab) for the tokens in md.x; with targets, the mean cross-entropy.
+float forward(Model& md, int B, int T, bool targets) {
+  const Config& c = md.cfg;
+  const int C = c.embd, rows = B * T;
+  float* x = md.acts[0].x;
+  const float *tok = at(md, md.tok), *pos = at(md, md.pos);
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < C; ++i) x[static_cast<long>(r) * C + i] = tok[md.x[r] * C + i] + pos[(r % T) * C + i];
+  for (int l = 0; l < c.layers; ++l) {
+    Acts& a = md.acts[l];
+    const Layer& L = md.layers[l];
+    float* next = l + 1 < c.layers ? md.acts[l + 1].x : md.x_out;
+    layernorm(a.ln1, a.ln1_mean, a.ln1_rstd, a.x, at(md, L.ln1_w), at(md, L.ln1_b), rows, C);
+    linear(md, a.qkv, a.ln1, L.qkv_w, &L.qkv_b, rows);
+    attention(md, a.y, a.att, a.qkv, B, T);
+    linear(md, a.x2, a.y, L.proj_w, &L.proj_b, rows);
+    for (long i = 0; i < static_cast<long>(rows) * C; ++i) a.x2[i] += a.x[i];
+    layernorm(a.ln2, a.ln2_mean, a.ln2_rstd, a.x2, at(md, L.ln2_w), at(md, L.ln2_b), rows, C);
+    linear(md, a.h, a.ln2, L.up_w, &L.up_b, rows);
+    for (long i = 0; i < static_cast<long>(rows) * 4 * C; ++i) a.g[i] = gelu(a.h[i]);
+    linear(md, next, a.g, L.down_w, &L.down_b, rows);
+    for (long i = 0; i < static_cast<long>(rows) * C; ++i) next[i] += a.x2[i];
+  }
+  layernorm(md.lnf, md.lnf_mean, md.lnf_rstd, md.x_out, at(md, md.lnf_w), at(md, md.lnf_b), rows, C);
+  linear(md, md.logits, md.lnf, md.tok, nullptr, rows);  // the head is the token embedding (tied)
+  if (!targets) return 0.0f;
+  double loss = 0.0;
+  const int V = c.vocab;
+  for (int r = 0; r < rows; ++r) {
+    const float* z = md.logits + static_cast<long>(r) * V;
+    float* p = md.probs + static_cast<long>(r) * V;
+    float peak = -INFINITY, total = 0.0f;
+    for (int i = 0; i < V; ++i) peak = z[i] > peak ? z[i] : peak;
+    for (int i = 0; i < V; ++i) total += (p[i] = std::exp(z[i] - peak));
+    for (int i = 0; i < V; ++i) p[i] /= total;
+    loss -= std::log(p[md.y[r]]);
+  }
+  return static_cast<float>(loss / rows);
+}
+
+// ---- backward pieces --------------------------------------------------------------------------
+
+// dx += d(layernorm)/dx . dout; dw, db += their gradients. Serial: dw and db are shared by rows.
+void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* mean,
+                        const float* rstd, const float* w, int rows, int C) {
+  for (int r = 0; r < rows; ++r) {
+    const float *d = dout + static_cast<long>(r) * C, *xr = x + static_cast<long>(r) * C;
+    float mean_dxhat = 0.0f, mean_dxhat_xhat = 0.0f;
+    for (int i = 0; i < C; ++i) {
+      float xhat = (xr[i] - mean[r]) * rstd[r];
+      float dxhat = d[i] * w[i];
+      mean_dxhat += dxhat;
+      mean_dxhat_xhat += dxhat * xhat;
+      dw[i] += d[i] * xhat;
+      db[i] += d[i];
+    }
+    mean_dxhat /= C;
+    mean_dxhat_xhat /= C;
+    float* o = dx + static_cast<long>(r) * C;
+    for (int i = 0; i < C; ++i) {
+      float xhat = (xr[i] - mean[r]) * rstd[r];
+      o[i] += rstd[r] * (d[i] * w[i] - mean_dxhat - xhat * mean_dxhat_xhat);
+    }
+  }
+}
+
+// Given d(out) for out = in W^T + b: accumulate dW, db, and write d(in).
+void linear_backward(Model& md, float* d_in, const float* d_out, const float* in, const Tensor& w, const Tensor* b,
+                     int rows) {
+  int N = w.rows;
+  int K = static_cast<int>(w.size / w.rows);
+  float *dW = grad(md, w), *dB = b ? grad(md, *b) : nullptr;
+  const float* W = at(md, w);
+  md.pool->parallel_for(N, [&](int s, int e) { kernels::matmul_tn(dW, dB, d_out, in, rows, N, K, s, e); });
+  md.pool->parallel_for(rows, [&](int s, int e) { kernels::matmul_nn(d_in, d_out, W, N, K, s, e); });
+}
+
+void attention_backward(Model& md, float* d_qkv, const float* d_y, const float* qkv, const float* att, int B,
+                        int T) {
+  const int C = md.cfg.embd, H = md.cfg.heads, hs = C / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  std::memset(d_qkv, 0, sizeof(float) * B * T * 3 * C);
+  md.pool->parallel_for(B * H, [&](int s, int e) {
+    std::vector<float> dp(T);
+    for (int u = s; u < e; ++u) {
+      int b = u / H, h = u % H;
+      auto row = [&](int t, int part) { return (static_cast<long>(b) * T + t) * 3 * C + part * C + h * hs; };
+      for (int i = 0; i < T; ++i) {
+        const float* p = att + (static_cast<long>(u) * T + i) * T;
+        const float* dy = d_y + (static_cast<long>(b) * T + i) * C + h * hs;
+        float weighted = 0.0f;  // sum_j p_j dp_j, the softmax's backward term
+        for (int j = 0; j <= i; ++j) {
+          const float* v = qkv + row(j, 2);
+          float dot = 0.0f;
+          for (int d = 0; d < hs; ++d) dot += dy[d] * v[d];
+          dp[j] = dot;
+          weighted += p[j] * dot;
+          kernels::axpy(d_qkv + row(j, 2), dy, p[j], hs);  // dv_j += p_ij dy_i
+        }
+        for (int j = 0; j <= i; ++j) {
+          float ds = p[j] * (dp[j] - weighted) * scale;
+          kernels::axpy(d_qkv + row(i, 0), qkv + row(j, 1), ds, hs);  // dq_i += ds_ij k_j
+          kernels::axpy(d_qkv + row(j, 1), qkv + row(i, 0), ds, hs);  // dk_j += ds_ij q_i
+        }
+      }
+    }
+  });
+}
+
+void backward(Model& md, int B, int T) {
+  const Config& c = md.cfg;
+  const int C = c.embd, V = c.vocab, rows = B * T;
+  std::memset(md.grads, 0, sizeof(float) * md.n_params);
+  // d loss / d logits = (p - onehot) / rows, written over the probabilities
+  for (int r = 0; r < rows; ++r) {
+    float* p = md.probs + static_cast<long>(r) * V;
+    p[md.y[r]] -= 1.0f;
+    for (int i = 0; i < V; ++i) p[i] /= rows;
+  }
+  linear_backward(md, md.d_ln, md.probs, md.lnf, md.tok, nullptr, rows);
+  std::memset(md.d_resid, 0, sizeof(float) * rows * C);
+  layernorm_backward(md.d_resid, grad(md, md.lnf_w), grad(md, md.lnf_b), md.d_ln, md.x_out, md.lnf_mean,
+                     md.lnf_rstd, at(md, md.lnf_w), rows, C);
+  for (int l = c.layers - 1; l >= 0; --l) {
+    Acts& a = md.acts[l];
+    const Layer& L = md.layers[l];
+    // MLP: next = x2 + down(gelu(up(ln2(x2))))
+    linear_backward(md, md.d_h, md.d_resid, a.g, L.down_w, &L.down_b, rows);
+    for (long i = 0; i < static_cast<long>(rows) * 4 * C; ++i) md.d_h[i] *= gelu_grad(a.h[i]);
+    linear_backward(md, md.d_ln, md.d_h, a.ln2, L.up_w, &L.up_b, rows);
+    std::memcpy(md.d_x2, md.d_resid, sizeof(float) * rows * C);
+    layernorm_backward(md.d_x2, grad(md, L.ln2_w), grad(md, L.ln2_b), md.d_ln, a.x2, a.ln2_mean, a.ln2_rstd,
+                       at(md, L.ln2_w), rows, C);
+    // attention: x2 = x + proj(attend(qkv(ln1(x))))
+    linear_backward(md, md.d_y, md.d_x2, a.y, L.proj_w, &L.proj_b, rows);
+    attention_backward(md, md.d_qkv, md.d_y, a.qkv, a.att, B, T);
+    linear_backward(md, md.d_ln, md.d_qkv, a.ln1, L.qkv_w, &L.qkv_b, rows);
+    std::memcpy(md.d_resid, md.d_x2, sizeof(float) * rows * C);
+    layernorm_backward(md.d_resid, grad(md, L.ln1_w), grad(md, L.ln1_b), md.d_ln, a.x, a.ln1_mean, a.ln1_rstd,
+                       at(md, L.ln1_w), rows, C);
+  }
+  float *dtok = grad(md, md.tok), *dpos = grad(md, md.pos);
+  for (int r = 0; r < rows; ++r) {
+    kernels::axpy(dtok + static_cast<long>(md.x[r]) * C, md.d_resid + static_cast<long>(r) * C, 1.0f, C);
+    kernels::axpy(dpos + static_cast<long>(r % T) * C, md.d_resid + static_cast<long>(r) * C, 1.0f, C);
+  }
+}
+
+// torch.optim.AdamW's update, in its order of operations (bias corrections in double, as
+// Python computes them).
+void adamw(Model& md) {
+  ++md.step;
+  const double bc1 = 1.0 - std::pow(static_cast<double>(md.beta1), md.step);
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(static_cast<double>(md.beta2), md.step));
+  const float step_size = static_cast<float>(md.lr / bc1), decay = 1.0f - md.lr * md.weight_decay;
+  const float b1 = 1.0f - md.beta1, b2 = 1.0f - md.beta2;
+  for (long i = 0; i < md.n_params; ++i) {
+    float g = md.grads[i];
+    md.params[i] *= decay;
+    md.m[i] += b1 * (g - md.m[i]);
+    md.v[i] = md.v[i] * md.beta2 + b2 * g * g;
+    float denom = std::sqrt(md.v[i]) / static_cast<float>(bc2_sqrt) + md.eps;
+    md.params[i] -= step_size * (md.m[i] / denom);
+  }
+}
+
+void next_batch(Model& md) {
+  const int B = md.cfg.batch, T = md.cfg.block;
+  const uint64_t span = md.tokens.size() - T;
+  for (int b = 0; b < B; ++b) {
+    uint64_t start = md.batches.next() % span;
+    for (int t = 0; t < T; ++t) {
+      md.x[b * T + t] = md.tokens[start + t];
+      md.y[b * T + t] = md.tokens[start + t + 1];
+    }
+  }
+}
+
+bool ready() {
+  if (model) return true;
+  fail("no model: call tg_create first");
+  return false;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* tg_error() { return error_message; }
+
+// A model with this shape, its parameters at the oracle's initialisation from `seed` (normal,
+// std 0.02, residual projections scaled by 1/sqrt(2 layers), biases 0, gains 1).
+int tg_create(int vocab, int block, int layers, int heads, int embd, int batch, int threads, uint32_t seed) {
+  destroy(model);
+  model = nullptr;
+  if (vocab < 2 || block < 1 || layers < 1 || heads < 1 || embd < 1 || batch < 1 || vocab > 65536)
+    return fail("bad config: every size must be positive (and vocab between 2 and 65536)");
+  if (embd % heads) return fail("n_embd=%ld does not split into n_head=%ld heads", embd, heads);
+  auto* md = new Model;
+  md->cfg = {vocab, block, layers, heads, embd, batch};
+  lay_out(*md);
+  const long rows = static_cast<long>(batch) * block, C = embd;
+  bool ok = true;
+  md->params = alloc(*md, md->n_params, ok);
+  md->grads = alloc(*md, md->n_params, ok);
+  md->m = alloc(*md, md->n_params, ok);
+  md->v = alloc(*md, md->n_params, ok);
+  for (int l = 0; l < layers; ++l) {
+    Acts a;
+    a.x = alloc(*md, rows * C, ok);
+    a.ln1 = alloc(*md, rows * C, ok);
+    a.ln1_mean = alloc(*md, rows, ok);
+    a.ln1_rstd = alloc(*md, rows, ok);
+    a.qkv = alloc(*md, rows * 3 * C, ok);
+    a.att = alloc(*md, static_cast<long>(batch) * heads * block * block, ok);
+    a.y = alloc(*md, rows * C, ok);
+    a.x2 = alloc(*md, rows * C, ok);
+    a.ln2 = alloc(*md, rows * C, ok);
+    a.ln2_mean = alloc(*md, rows, ok);
+    a.ln2_rstd = alloc(*md, rows, ok);
+    a.h = alloc(*md, rows * 4 * C, ok);
+    a.g = alloc(*md, rows * 4 * C, ok);
+    md->acts.push_back(a);
+  }
+  md->x_out = alloc(*md, rows * C, ok);
+  md->lnf = alloc(*md, rows * C, ok);
+  md->lnf_mean = alloc(*md, rows, ok);
+  md->lnf_rstd = alloc(*md, rows, ok);
+  md->logits = alloc(*md, rows * vocab, ok);
+  md->probs = alloc(*md, rows * vocab, ok);
+  md->d_resid = alloc(*md, rows * C, ok);
+  md->d_ln = alloc(*md, rows * C, ok);
+  md->d_qkv = alloc(*md, rows * 3 * C, ok);
+  md->d_y = alloc(*md, rows * C, ok);
+  md->d_h = alloc(*md, rows * 4 * C, ok);
+  md->d_x2 = alloc(*md, rows * C, ok);
+  if (!ok) {
+    long floats = 4 * md->n_params + layers * (rows * (13 * C + 4) + static_cast<long>(batch) * heads * block * block) +
+                  rows * (10 * C + 2 * vocab + 2);
+    destroy(md);
+    return fail("out of memory: this model and batch need %ld MB of activations and optimizer state, more than "
+                "the module's fixed memory holds (a smaller batch, block or model fits)",
+                floats * 4 / (1 << 20));
+  }
+  md->x.resize(rows);
+  md->y.resize(rows);
+  Rng init{seed};
+  for (const Tensor& t : md->tensors) {
+    float* p = md->params + t.offset;
+    double std = t.projection ? 0.02 / std::sqrt(2.0 * layers) : 0.02;
+    for (long i = 0; i < t.size; ++i) {
+      if (!t.rows) {
+        p[i] = t.gain ? 1.0f : 0.0f;
+        continue;
+      }
+      double u1 = 1.0 - init.uniform(), u2 = init.uniform();  // Box-Muller, one normal per two draws
+      p[i] = static_cast<float>(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+    }
+  }
+  md->pool = new Pool(threads);
+  model = md;
+  return 0;
+}
+
+int tg_threads() { return model ? model->pool->threads() : 0; }
+long tg_n_params() { return model ? model->n_params : 0; }
+float* tg_params() { return model ? model->params : nullptr; }
+float* tg_grads() { return model ? model->grads : nullptr; }
+float* tg_logits() { return model ? model->logits : nullptr; }
+int* tg_batch_inputs() { return model ? model->x.data() : nullptr; }
+
+// Replace the parameters with a weights file's contents (posttrainllm.wasm.weights_bytes):
+// "PTLGPT1\0", six int32 (vocab, block, layers, heads, embd, n_params), then the float32s.
+int tg_load(const uint8_t* bytes, long n) {
+  if (!ready()) return 1;
+  const Config& c = model->cfg;
+  if (n < 32 || std::memcmp(bytes, "PTLGPT1", 8) != 0)
+    return fail("not a posttrainllm weights file (no PTLGPT1 header; %ld bytes)", n);
+  int32_t h[6];
+  std::memcpy(h, bytes + 8, sizeof h);
+  if (h[0] != c.vocab || h[1] != c.block || h[2] != c.layers || h[3] != c.heads || h[4] != c.embd) {
+    std::snprintf(error_message, sizeof error_message,
+                  "weights of the wrong shape: the file is for vocab %d, block %d, %d layers, %d heads, width %d; "
+                  "this trainer has vocab %d, block %d, %d layers, %d heads, width %d",
+                  h[0], h[1], h[2], h[3], h[4], c.vocab, c.block, c.layers, c.heads, c.embd);
+    return 1;
+  }
+  if (h[5] != model->n_params) return fail("weights file has %ld parameters, the model %ld", h[5], model->n_params);
+  long need = 32 + 4 * model->n_params;
+  if (n != need) return fail("weights file truncated or padded: %ld bytes, expected %ld", n, need);
+  std::memcpy(model->params, bytes + 32, 4 * model->n_params);
+  std::memset(model->m, 0, sizeof(float) * model->n_params);
+  std::memset(model->v, 0, sizeof(float) * model->n_params);
+  model->step = 0;
+  return 0;
+}
+
+// The training text as token ids; batches are drawn from it with the sampler seeded by `seed`.
+int tg_set_tokens(const uint16_t* ids, long n, uint32_t seed) {
+  if (!ready()) return 1;
+  if (n <= model->cfg.block + 1) return fail("need more than block_size + 1 = %ld tokens, got %ld", model->cfg.block + 1, n);
+  for (long i = 0; i < n; ++i)
+    if (ids[i] >= model->cfg.vocab) return fail("token %ld is id %ld, outside the vocabulary of %ld", i, ids[i], model->cfg.vocab);
+  model->tokens.assign(ids, ids + n);
+  model->batches.state = seed;
+  return 0;
+}
+
+void tg_set_adamw(float lr, float beta1, float beta2, float eps, float weight_decay) {
+  if (!ready()) return;
+  model->lr = lr;
+  model->beta1 = beta1;
+  model->beta2 = beta2;
+  model->eps = eps;
+  model->weight_decay = weight_decay;
+}
+
+// Loss and gradients for the batch (inputs, targets), each batch x block ids; no update.
+float tg_loss_and_grads(const int32_t* inputs, const int32_t* targets) {
+  if (!ready()) return NAN;
+  long rows = static_cast<long>(model->cfg.batch) * model->cfg.block;
+  std::memcpy(model->x.data(), inputs, 4 * rows);
+  std::memcpy(model->y.data(), targets, 4 * rows);
+  float loss = forward(*model, model->cfg.batch, model->cfg.block, true);
+  backward(*model, model->cfg.batch, model->cfg.block);
+  return loss;
+}
+
+// One training step on the next batch: forward, backward, AdamW. Returns the batch's loss.
+float tg_step() {
+  if (!ready()) return NAN;
+  if (model->tokens.empty()) {
+    fail("no training tokens: call tg_set_tokens first");
+    return NAN;
+  }
+  next_batch(*model);
+  float loss = forward(*model, model->cfg.batch, model->cfg.block, true);
+  backward(*model, model->cfg.batch, model->cfg.block);
+  adamw(*model);
+  return loss;
+}
+
+// Extend `ids` (n given, room for n + count) by `count` sampled tokens at `temperature`.
+int tg_generate(int32_t* ids, int n, int count, float temperature, uint32_t seed) {
+  if (!ready()) return 1;
+  if (n < 1) return fail("generation needs a prompt of at least one token");
+  Rng rng{seed};
+  const int V = model->cfg.vocab, T = model->cfg.block;
+  for (int s = 0; s < count; ++s, ++n) {
+    int t = n < T ? n : T;
+    for (int i = 0; i < t; ++i) model->x[i] = ids[n - t + i];
+    forward(*model, 1, t, false);
+    const float* z = model->logits + static_cast<long>(t - 1) * V;
+    float peak = -INFINITY;
+    for (int i = 0; i < V; ++i) peak = z[i] > peak ? z[i] : peak;
+    std::vector<double> w(V);
+    double total = 0.0;
+    for (int i = 0; i < V; ++i) total += (w[i] = std::exp((z[i] - peak) / temperature));
+    double pick = rng.uniform() * total;
+    int token = V - 1;
+    for (int i = 0; i < V; ++i) {
+      if ((pick -= w[i]) < 0) {
+        token = i;
+        break;
+      }
+    }
+    ids[n] = token;
+  }
+  return 0;
+}
+
+}  // extern "C"
