@@ -7,6 +7,7 @@
 // pre-spawns them (-sPTHREAD_POOL_SIZE) because a worker cannot start a new one synchronously.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -27,7 +28,7 @@ class Pool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stopping_ = true;
-      ++generation_;
+      generation_.fetch_add(1);
     }
     wake_.notify_all();
     for (auto& w : workers_) w.join();
@@ -41,20 +42,25 @@ class Pool {
       fn(0, n);
       return;
     }
+    job_ = &fn;
+    n_ = n;
+    pending_.store(threads_ - 1, std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      job_ = &fn;
-      n_ = n;
-      pending_ = threads_ - 1;
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
     }
-    wake_.notify_all();
+    if (sleepers_.load() > 0) wake_.notify_all();
     run_chunk(0);
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [this] { return pending_ == 0; });
+    while (pending_.load(std::memory_order_acquire) != 0) {
+    }
   }
 
  private:
+  // A training step is dozens of short loops back to back: a worker that went to sleep after
+  // each would pay a wake-up (an Atomics.wait round trip in the browser) every time, so it
+  // spins a little first and sleeps only when no work comes.
+  static constexpr int SPINS = 1 << 18;
+
   void run_chunk(int id) {
     int begin = static_cast<int>(static_cast<long long>(n_) * id / threads_);
     int end = static_cast<int>(static_cast<long long>(n_) * (id + 1) / threads_);
@@ -64,25 +70,29 @@ class Pool {
   void serve(int id) {
     unsigned seen = 0;
     for (;;) {
-      {
+      unsigned now = generation_.load(std::memory_order_acquire);
+      for (int spin = 0; now == seen && spin < SPINS; ++spin) now = generation_.load(std::memory_order_acquire);
+      if (now == seen) {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return generation_ != seen; });
-        seen = generation_;
-        if (stopping_) return;
+        sleepers_.fetch_add(1);
+        wake_.wait(lock, [&] { return generation_.load() != seen; });
+        sleepers_.fetch_sub(1);
+        now = generation_.load();
       }
+      seen = now;
+      if (stopping_) return;
       run_chunk(id);
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_.notify_one();
+      pending_.fetch_sub(1, std::memory_order_release);
     }
   }
 
   int threads_;
   std::vector<std::thread> workers_;
   std::mutex mutex_;
-  std::condition_variable wake_, done_;
+  std::condition_variable wake_;
   const std::function<void(int, int)>* job_ = nullptr;
   int n_ = 0;
-  int pending_ = 0;
-  unsigned generation_ = 0;
-  bool stopping_ = false;
+  std::atomic<int> pending_{0}, sleepers_{0};
+  std::atomic<unsigned> generation_{0};
+  std::atomic<bool> stopping_{false};
 };

@@ -63,8 +63,9 @@ struct Model {
   long n_params = 0;
   float *params = nullptr, *grads = nullptr, *m = nullptr, *v = nullptr;
   std::vector<Acts> acts;
-  float *x_out, *lnf, *lnf_mean, *lnf_rstd, *logits, *probs;
+  float *x_out, *lnf, *lnf_mean, *lnf_rstd, *logits, *probs, *row_loss;
   float *d_resid, *d_ln, *d_qkv, *d_y, *d_h, *d_x2;  // backward scratch
+  float* wt;  // a weight matrix transposed, for the forward pass
   std::vector<int> x, y;
   std::vector<uint16_t> tokens;
   Rng batches{0};
@@ -132,27 +133,42 @@ void destroy(Model* md) {
 
 // ---- forward pieces ---------------------------------------------------------------------------
 
-void layernorm(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int rows,
-               int C) {
-  for (int r = 0; r < rows; ++r) {
-    const float* xr = x + static_cast<long>(r) * C;
-    float mu = 0.0f, var = 0.0f;
-    for (int i = 0; i < C; ++i) mu += xr[i];
-    mu /= C;
-    for (int i = 0; i < C; ++i) var += (xr[i] - mu) * (xr[i] - mu);
-    float rs = 1.0f / std::sqrt(var / C + 1e-5f);  // biased variance, eps 1e-5: torch's LayerNorm
-    float* o = out + static_cast<long>(r) * C;
-    for (int i = 0; i < C; ++i) o[i] = (xr[i] - mu) * rs * w[i] + b[i];
-    mean[r] = mu;
-    rstd[r] = rs;
-  }
+void layernorm(Model& md, float* out, float* mean, float* rstd, const float* x, const float* w, const float* b,
+               int rows) {
+  const int C = md.cfg.embd;
+  md.pool->parallel_for(rows, [&](int s, int e) {
+    for (int r = s; r < e; ++r) {
+      const float* xr = x + static_cast<long>(r) * C;
+      float mu = 0.0f, var = 0.0f;
+      for (int i = 0; i < C; ++i) mu += xr[i];
+      mu /= C;
+      for (int i = 0; i < C; ++i) var += (xr[i] - mu) * (xr[i] - mu);
+      float rs = 1.0f / std::sqrt(var / C + 1e-5f);  // biased variance, eps 1e-5: torch's LayerNorm
+      float* o = out + static_cast<long>(r) * C;
+      for (int i = 0; i < C; ++i) o[i] = (xr[i] - mu) * rs * w[i] + b[i];
+      mean[r] = mu;
+      rstd[r] = rs;
+    }
+  });
+}
+
+// out[i] += in[i] over rows x cols, the residual connection
+void add_into(Model& md, float* out, const float* in, int rows, int cols) {
+  md.pool->parallel_for(rows, [&](int s, int e) {
+    for (long i = static_cast<long>(s) * cols; i < static_cast<long>(e) * cols; ++i) out[i] += in[i];
+  });
+}
+
+// fn(begin, end) over row ranges of [0, rows) cut at multiples of 4, the SIMD kernel's block
+void rows_parallel(Model& md, int rows, const std::function<void(int, int)>& fn) {
+  md.pool->parallel_for((rows + 3) / 4, [&](int s, int e) { fn(4 * s, 4 * e < rows ? 4 * e : rows); });
 }
 
 void linear(Model& md, float* out, const float* in, const Tensor& w, const Tensor* b, int rows) {
-  int N = w.rows;
-  int K = static_cast<int>(w.size / w.rows);
-  const float *W = at(md, w), *B = b ? at(md, *b) : nullptr;
-  md.pool->parallel_for(rows, [&](int s, int e) { kernels::matmul_nt(out, in, W, B, N, K, s, e); });
+  const int N = w.rows, K = static_cast<int>(w.size / w.rows);
+  const float* B = b ? at(md, *b) : nullptr;
+  kernels::transpose(md.wt, at(md, w), N, K);
+  rows_parallel(md, rows, [&](int s, int e) { kernels::gemm(out, {in, K, 1}, md.wt, B, N, K, false, s, e); });
 }
 
 // Causal attention for every (sequence, head): softmax(q k^T / sqrt(d)) v, probabilities kept.
@@ -168,9 +184,7 @@ void attention(Model& md, float* y, float* att, const float* qkv, int B, int T) 
         float peak = -INFINITY;
         for (int j = 0; j <= i; ++j) {
           const float* k = qkv + (static_cast<long>(b) * T + j) * 3 * C + C + h * hs;
-          float dot = 0.0f;
-          for (int d = 0; d < hs; ++d) dot += q[d] * k[d];
-          p[j] = dot * scale;
+          p[j] = kernels::vdot(q, k, hs) * scale;
           if (p[j] > peak) peak = p[j];
         }
         float total = 0.0f;
@@ -202,69 +216,88 @@ float forward(Model& md, int B, int T, bool targets) {
     Acts& a = md.acts[l];
     const Layer& L = md.layers[l];
     float* next = l + 1 < c.layers ? md.acts[l + 1].x : md.x_out;
-    layernorm(a.ln1, a.ln1_mean, a.ln1_rstd, a.x, at(md, L.ln1_w), at(md, L.ln1_b), rows, C);
+    layernorm(md, a.ln1, a.ln1_mean, a.ln1_rstd, a.x, at(md, L.ln1_w), at(md, L.ln1_b), rows);
     linear(md, a.qkv, a.ln1, L.qkv_w, &L.qkv_b, rows);
     attention(md, a.y, a.att, a.qkv, B, T);
     linear(md, a.x2, a.y, L.proj_w, &L.proj_b, rows);
-    for (long i = 0; i < static_cast<long>(rows) * C; ++i) a.x2[i] += a.x[i];
-    layernorm(a.ln2, a.ln2_mean, a.ln2_rstd, a.x2, at(md, L.ln2_w), at(md, L.ln2_b), rows, C);
+    add_into(md, a.x2, a.x, rows, C);
+    layernorm(md, a.ln2, a.ln2_mean, a.ln2_rstd, a.x2, at(md, L.ln2_w), at(md, L.ln2_b), rows);
     linear(md, a.h, a.ln2, L.up_w, &L.up_b, rows);
-    for (long i = 0; i < static_cast<long>(rows) * 4 * C; ++i) a.g[i] = gelu(a.h[i]);
+    md.pool->parallel_for(rows, [&](int s, int e) {
+      for (long i = static_cast<long>(s) * 4 * C; i < static_cast<long>(e) * 4 * C; ++i) a.g[i] = gelu(a.h[i]);
+    });
     linear(md, next, a.g, L.down_w, &L.down_b, rows);
-    for (long i = 0; i < static_cast<long>(rows) * C; ++i) next[i] += a.x2[i];
+    add_into(md, next, a.x2, rows, C);
   }
-  layernorm(md.lnf, md.lnf_mean, md.lnf_rstd, md.x_out, at(md, md.lnf_w), at(md, md.lnf_b), rows, C);
+  layernorm(md, md.lnf, md.lnf_mean, md.lnf_rstd, md.x_out, at(md, md.lnf_w), at(md, md.lnf_b), rows);
   linear(md, md.logits, md.lnf, md.tok, nullptr, rows);  // the head is the token embedding (tied)
   if (!targets) return 0.0f;
-  double loss = 0.0;
   const int V = c.vocab;
-  for (int r = 0; r < rows; ++r) {
-    const float* z = md.logits + static_cast<long>(r) * V;
-    float* p = md.probs + static_cast<long>(r) * V;
-    float peak = -INFINITY, total = 0.0f;
-    for (int i = 0; i < V; ++i) peak = z[i] > peak ? z[i] : peak;
-    for (int i = 0; i < V; ++i) total += (p[i] = std::exp(z[i] - peak));
-    for (int i = 0; i < V; ++i) p[i] /= total;
-    loss -= std::log(p[md.y[r]]);
-  }
+  md.pool->parallel_for(rows, [&](int s, int e) {
+    for (int r = s; r < e; ++r) {
+      const float* z = md.logits + static_cast<long>(r) * V;
+      float* p = md.probs + static_cast<long>(r) * V;
+      float peak = -INFINITY, total = 0.0f;
+      for (int i = 0; i < V; ++i) peak = z[i] > peak ? z[i] : peak;
+      for (int i = 0; i < V; ++i) total += (p[i] = std::exp(z[i] - peak));
+      for (int i = 0; i < V; ++i) p[i] /= total;
+      md.row_loss[r] = -std::log(p[md.y[r]]);
+    }
+  });
+  double loss = 0.0;  // summed in row order, whatever the thread count
+  for (int r = 0; r < rows; ++r) loss += md.row_loss[r];
   return static_cast<float>(loss / rows);
 }
 
 // ---- backward pieces --------------------------------------------------------------------------
 
-// dx += d(layernorm)/dx . dout; dw, db += their gradients. Serial: dw and db are shared by rows.
-void layernorm_backward(float* dx, float* dw, float* db, const float* dout, const float* x, const float* mean,
-                        const float* rstd, const float* w, int rows, int C) {
-  for (int r = 0; r < rows; ++r) {
-    const float *d = dout + static_cast<long>(r) * C, *xr = x + static_cast<long>(r) * C;
-    float mean_dxhat = 0.0f, mean_dxhat_xhat = 0.0f;
-    for (int i = 0; i < C; ++i) {
-      float xhat = (xr[i] - mean[r]) * rstd[r];
-      float dxhat = d[i] * w[i];
-      mean_dxhat += dxhat;
-      mean_dxhat_xhat += dxhat * xhat;
-      dw[i] += d[i] * xhat;
-      db[i] += d[i];
+// dx += d(layernorm)/dx . dout, in parallel over rows; then dw, db += their gradients, in
+// parallel over columns (so no two threads add into the same gain).
+void layernorm_backward(Model& md, float* dx, float* dw, float* db, const float* dout, const float* x,
+                        const float* mean, const float* rstd, const float* w, int rows) {
+  const int C = md.cfg.embd;
+  md.pool->parallel_for(rows, [&](int s, int e) {
+    for (int r = s; r < e; ++r) {
+      const float *d = dout + static_cast<long>(r) * C, *xr = x + static_cast<long>(r) * C;
+      float mean_dxhat = 0.0f, mean_dxhat_xhat = 0.0f;
+      for (int i = 0; i < C; ++i) {
+        float dxhat = d[i] * w[i];
+        mean_dxhat += dxhat;
+        mean_dxhat_xhat += dxhat * (xr[i] - mean[r]) * rstd[r];
+      }
+      mean_dxhat /= C;
+      mean_dxhat_xhat /= C;
+      float* o = dx + static_cast<long>(r) * C;
+      for (int i = 0; i < C; ++i) {
+        float xhat = (xr[i] - mean[r]) * rstd[r];
+        o[i] += rstd[r] * (d[i] * w[i] - mean_dxhat - xhat * mean_dxhat_xhat);
+      }
     }
-    mean_dxhat /= C;
-    mean_dxhat_xhat /= C;
-    float* o = dx + static_cast<long>(r) * C;
-    for (int i = 0; i < C; ++i) {
-      float xhat = (xr[i] - mean[r]) * rstd[r];
-      o[i] += rstd[r] * (d[i] * w[i] - mean_dxhat - xhat * mean_dxhat_xhat);
+  });
+  md.pool->parallel_for(C, [&](int s, int e) {
+    for (int r = 0; r < rows; ++r) {
+      const float *d = dout + static_cast<long>(r) * C, *xr = x + static_cast<long>(r) * C;
+      for (int i = s; i < e; ++i) {
+        dw[i] += d[i] * (xr[i] - mean[r]) * rstd[r];
+        db[i] += d[i];
+      }
     }
-  }
+  });
 }
 
-// Given d(out) for out = in W^T + b: accumulate dW, db, and write d(in).
+// Given d(out) for out = in W^T + b: accumulate dW and db, and write d(in).
 void linear_backward(Model& md, float* d_in, const float* d_out, const float* in, const Tensor& w, const Tensor* b,
                      int rows) {
-  int N = w.rows;
-  int K = static_cast<int>(w.size / w.rows);
+  const int N = w.rows, K = static_cast<int>(w.size / w.rows);
   float *dW = grad(md, w), *dB = b ? grad(md, *b) : nullptr;
+  rows_parallel(md, N, [&](int s, int e) {
+    kernels::gemm(dW, {d_out, 1, N}, in, nullptr, K, rows, true, s, e);  // dW += dy^T x
+    if (dB)
+      for (int n = s; n < e; ++n)
+        for (int m = 0; m < rows; ++m) dB[n] += d_out[static_cast<long>(m) * N + n];
+  });
   const float* W = at(md, w);
-  md.pool->parallel_for(N, [&](int s, int e) { kernels::matmul_tn(dW, dB, d_out, in, rows, N, K, s, e); });
-  md.pool->parallel_for(rows, [&](int s, int e) { kernels::matmul_nn(d_in, d_out, W, N, K, s, e); });
+  rows_parallel(md, rows, [&](int s, int e) { kernels::gemm(d_in, {d_out, N, 1}, W, nullptr, K, N, false, s, e); });
 }
 
 void attention_backward(Model& md, float* d_qkv, const float* d_y, const float* qkv, const float* att, int B,
@@ -282,11 +315,8 @@ void attention_backward(Model& md, float* d_qkv, const float* d_y, const float* 
         const float* dy = d_y + (static_cast<long>(b) * T + i) * C + h * hs;
         float weighted = 0.0f;  // sum_j p_j dp_j, the softmax's backward term
         for (int j = 0; j <= i; ++j) {
-          const float* v = qkv + row(j, 2);
-          float dot = 0.0f;
-          for (int d = 0; d < hs; ++d) dot += dy[d] * v[d];
-          dp[j] = dot;
-          weighted += p[j] * dot;
+          dp[j] = kernels::vdot(dy, qkv + row(j, 2), hs);
+          weighted += p[j] * dp[j];
           kernels::axpy(d_qkv + row(j, 2), dy, p[j], hs);  // dv_j += p_ij dy_i
         }
         for (int j = 0; j <= i; ++j) {
@@ -304,32 +334,36 @@ void backward(Model& md, int B, int T) {
   const int C = c.embd, V = c.vocab, rows = B * T;
   std::memset(md.grads, 0, sizeof(float) * md.n_params);
   // d loss / d logits = (p - onehot) / rows, written over the probabilities
-  for (int r = 0; r < rows; ++r) {
-    float* p = md.probs + static_cast<long>(r) * V;
-    p[md.y[r]] -= 1.0f;
-    for (int i = 0; i < V; ++i) p[i] /= rows;
-  }
+  md.pool->parallel_for(rows, [&](int s, int e) {
+    for (int r = s; r < e; ++r) {
+      float* p = md.probs + static_cast<long>(r) * V;
+      p[md.y[r]] -= 1.0f;
+      for (int i = 0; i < V; ++i) p[i] /= rows;
+    }
+  });
   linear_backward(md, md.d_ln, md.probs, md.lnf, md.tok, nullptr, rows);
   std::memset(md.d_resid, 0, sizeof(float) * rows * C);
-  layernorm_backward(md.d_resid, grad(md, md.lnf_w), grad(md, md.lnf_b), md.d_ln, md.x_out, md.lnf_mean,
-                     md.lnf_rstd, at(md, md.lnf_w), rows, C);
+  layernorm_backward(md, md.d_resid, grad(md, md.lnf_w), grad(md, md.lnf_b), md.d_ln, md.x_out, md.lnf_mean,
+                     md.lnf_rstd, at(md, md.lnf_w), rows);
   for (int l = c.layers - 1; l >= 0; --l) {
     Acts& a = md.acts[l];
     const Layer& L = md.layers[l];
     // MLP: next = x2 + down(gelu(up(ln2(x2))))
     linear_backward(md, md.d_h, md.d_resid, a.g, L.down_w, &L.down_b, rows);
-    for (long i = 0; i < static_cast<long>(rows) * 4 * C; ++i) md.d_h[i] *= gelu_grad(a.h[i]);
+    md.pool->parallel_for(rows, [&](int s, int e) {
+      for (long i = static_cast<long>(s) * 4 * C; i < static_cast<long>(e) * 4 * C; ++i) md.d_h[i] *= gelu_grad(a.h[i]);
+    });
     linear_backward(md, md.d_ln, md.d_h, a.ln2, L.up_w, &L.up_b, rows);
     std::memcpy(md.d_x2, md.d_resid, sizeof(float) * rows * C);
-    layernorm_backward(md.d_x2, grad(md, L.ln2_w), grad(md, L.ln2_b), md.d_ln, a.x2, a.ln2_mean, a.ln2_rstd,
-                       at(md, L.ln2_w), rows, C);
+    layernorm_backward(md, md.d_x2, grad(md, L.ln2_w), grad(md, L.ln2_b), md.d_ln, a.x2, a.ln2_mean,
+                       a.ln2_rstd, at(md, L.ln2_w), rows);
     // attention: x2 = x + proj(attend(qkv(ln1(x))))
     linear_backward(md, md.d_y, md.d_x2, a.y, L.proj_w, &L.proj_b, rows);
     attention_backward(md, md.d_qkv, md.d_y, a.qkv, a.att, B, T);
     linear_backward(md, md.d_ln, md.d_qkv, a.ln1, L.qkv_w, &L.qkv_b, rows);
     std::memcpy(md.d_resid, md.d_x2, sizeof(float) * rows * C);
-    layernorm_backward(md.d_resid, grad(md, L.ln1_w), grad(md, L.ln1_b), md.d_ln, a.x, a.ln1_mean, a.ln1_rstd,
-                       at(md, L.ln1_w), rows, C);
+    layernorm_backward(md, md.d_resid, grad(md, L.ln1_w), grad(md, L.ln1_b), md.d_ln, a.x, a.ln1_mean,
+                       a.ln1_rstd, at(md, L.ln1_w), rows);
   }
   float *dtok = grad(md, md.tok), *dpos = grad(md, md.pos);
   for (int r = 0; r < rows; ++r) {
@@ -346,14 +380,16 @@ void adamw(Model& md) {
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(static_cast<double>(md.beta2), md.step));
   const float step_size = static_cast<float>(md.lr / bc1), decay = 1.0f - md.lr * md.weight_decay;
   const float b1 = 1.0f - md.beta1, b2 = 1.0f - md.beta2;
-  for (long i = 0; i < md.n_params; ++i) {
-    float g = md.grads[i];
-    md.params[i] *= decay;
-    md.m[i] += b1 * (g - md.m[i]);
-    md.v[i] = md.v[i] * md.beta2 + b2 * g * g;
-    float denom = std::sqrt(md.v[i]) / static_cast<float>(bc2_sqrt) + md.eps;
-    md.params[i] -= step_size * (md.m[i] / denom);
-  }
+  md.pool->parallel_for(static_cast<int>(md.n_params), [&](int s, int e) {
+    for (long i = s; i < e; ++i) {
+      float g = md.grads[i];
+      md.params[i] *= decay;
+      md.m[i] += b1 * (g - md.m[i]);
+      md.v[i] = md.v[i] * md.beta2 + b2 * g * g;
+      float denom = std::sqrt(md.v[i]) / static_cast<float>(bc2_sqrt) + md.eps;
+      md.params[i] -= step_size * (md.m[i] / denom);
+    }
+  });
 }
 
 void next_batch(Model& md) {
@@ -420,15 +456,17 @@ int tg_create(int vocab, int block, int layers, int heads, int embd, int batch, 
   md->lnf_rstd = alloc(*md, rows, ok);
   md->logits = alloc(*md, rows * vocab, ok);
   md->probs = alloc(*md, rows * vocab, ok);
+  md->row_loss = alloc(*md, rows, ok);
   md->d_resid = alloc(*md, rows * C, ok);
   md->d_ln = alloc(*md, rows * C, ok);
   md->d_qkv = alloc(*md, rows * 3 * C, ok);
   md->d_y = alloc(*md, rows * C, ok);
   md->d_h = alloc(*md, rows * 4 * C, ok);
   md->d_x2 = alloc(*md, rows * C, ok);
+  md->wt = alloc(*md, (vocab > 4 * C ? vocab : 4 * C) * C, ok);
   if (!ok) {
     long floats = 4 * md->n_params + layers * (rows * (13 * C + 4) + static_cast<long>(batch) * heads * block * block) +
-                  rows * (10 * C + 2 * vocab + 2);
+                  rows * (10 * C + 2 * vocab + 3) + (vocab > 4 * C ? vocab : 4 * C) * C;
     destroy(md);
     return fail("out of memory: this model and batch need %ld MB of activations and optimizer state, more than "
                 "the module's fixed memory holds (a smaller batch, block or model fits)",
