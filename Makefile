@@ -8,7 +8,7 @@ PORT   ?= 8000
 VENDOR := _build/vendor
 STRICT := --all -W -n --keep-going
 
-.PHONY: book test lab install vendor notebooks lint clean
+.PHONY: book test lab install vendor notebooks lint clean wasm
 
 # --- set-up -------------------------------------------------------------------------------
 $(VENV)/.installed: pyproject.toml
@@ -43,7 +43,7 @@ endif
 
 test: install vendor
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest tests/unit notebooks tests/book \
+	$(BIN)/python -m pytest tests/unit tests/wasm notebooks tests/book \
 	  --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
 	# the WGSL kernels on both CPU Vulkan drivers: a process picks its driver once, so twice
 	POSTTRAINLLM_VK_DRIVER=lavapipe $(BIN)/python -m pytest tests/webgpu
@@ -53,6 +53,12 @@ test: install vendor
 lab: install
 	$(BIN)/python -m ipykernel install --user --name posttrainllm --display-name "Python (posttrainllm)"
 	$(BIN)/jupyter lab notebooks/
+
+# Rebuild the WASM trainer (wasm/*.cpp -> wasm/dist) with Emscripten, after changing its source.
+# The builds are committed, so reading the book needs no toolchain; the tests rebuild them and
+# check that the committed files are identical.
+wasm:
+	bash wasm/build.sh
 
 # Re-execute every notebook in place after changing it or the package (stores outputs and
 # widget state); `make test` then checks the stored outputs with nbval.

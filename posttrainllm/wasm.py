@@ -31,11 +31,25 @@ WASM = repo_root() / "wasm"
 DIST = WASM / "dist"
 BUILDS = ("scalar", "simd", "threads")  # wasm/trainer.mjs names their files
 MAGIC = b"PTLGPT1\0"
+BATCH = 16  # module 7's batch size, and the trainer's
 GOLDEN = 0x9E3779B97F4A7C15
 MASK = (1 << 64) - 1
 
 
-def trainer_config(config, batch: int) -> dict:
+def oracle_setup():
+    """Module 7's oracle model and data: its config, the tokenizer, and the training ids
+    (400,000 characters of the built-in corpus, a 512-token BPE, the first 90%)."""
+    from posttrainllm import data
+    from posttrainllm.model import GPTConfig
+    from posttrainllm.tokenizer import Tokenizer
+
+    text = data.corpus(n_chars=400_000, seed=0)
+    tok = Tokenizer.train(text, vocab_size=512)
+    train_ids, _ = data.train_val_split(np.array(tok.encode_ordinary(text)), val_fraction=0.1)
+    return GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=2, n_head=4, n_embd=64), tok, train_ids
+
+
+def trainer_config(config, batch: int = BATCH) -> dict:
     """The trainer's shape from a :class:`~posttrainllm.model.GPTConfig` (which must use the
     default architecture: the only one the C++ implements)."""
     wanted = {"norm": "layernorm", "mlp": "gelu", "positions": "learned", "tie_weights": True, "n_kv_head": None,

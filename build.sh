@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Build the WASM trainer with Emscripten into OUT (default wasm/dist): `make wasm` runs this.
+# Three builds of the same source: scalar, 128-bit SIMD, and SIMD with threads.
+#
+# Memory is fixed at 64 MB (no growth): with threads, growing memory replaces the buffer that
+# every worker's views point at, and a worker that reads through an old view sees garbage — the
+# study queue's pthreads x Memory.grow race. Over-allocating once removes it, and with
+# ABORTING_MALLOC=0 a model too big for 64 MB gets a clear error from tg_create, not an abort.
+set -euo pipefail
+cd "$(dirname "$0")"
+OUT=${1:-dist}
+mkdir -p "$OUT"
+export NODE_PATH=${NODE_PATH:-/usr/share/nodejs}  # Debian's emscripten finds acorn there
+EXPORTS=$(grep -oE '^[a-z].*[ *]tg_[a-z0-9_]+\(' tinygpt.cpp | grep -oE 'tg_[a-z0-9_]+' | sed 's/^/_/' | paste -sd,)  # every tg_ function
+COMMON=(-O3 -std=c++17 -fno-exceptions -fno-rtti
+  -sMODULARIZE=1 -sEXPORT_ES6=1 -sEXPORT_NAME=createTinyGPT -sENVIRONMENT=web,worker,node
+  -sINITIAL_MEMORY=64MB -sALLOW_MEMORY_GROWTH=0 -sABORTING_MALLOC=0
+  --extern-pre-js node_shim.js
+  "-sEXPORTED_FUNCTIONS=$EXPORTS,_malloc,_free" -sEXPORTED_RUNTIME_METHODS=UTF8ToString)
+emcc "${COMMON[@]}" tinygpt.cpp -o "$OUT/tinygpt-scalar.mjs"
+emcc "${COMMON[@]}" -msimd128 tinygpt.cpp -o "$OUT/tinygpt-simd.mjs"
+# the pool's workers are started with the module (a worker cannot start one synchronously
+# later); the caller is one of the `threads`, so it needs threads - 1 more
+emcc "${COMMON[@]}" -msimd128 -pthread -DTINYGPT_THREADS '-sPTHREAD_POOL_SIZE=Math.max(0,(Module.threads|0)-1)' \
+  tinygpt.cpp -o "$OUT/tinygpt-threads.mjs"

@@ -1,0 +1,106 @@
+"""The WASM trainer computes the oracle's function: same initialisation, same batches, the same
+gradients after one step, and a loss curve that stays within 1e-3 of the oracle's for 100 steps
+in every build. Bad input answers with the trainer's own message."""
+
+import numpy as np
+import pytest
+import torch
+
+from posttrainllm import wasm
+from posttrainllm.model import GPT, GPTConfig
+from tests.wasm.conftest import STEPS
+
+THREADS = {"scalar": 1, "simd": 1, "threads": 2}
+
+
+def test_committed_builds_are_what_the_source_builds(rebuilt):
+    committed = sorted(p.name for p in wasm.DIST.iterdir())
+    assert committed == sorted(p.name for p in rebuilt.iterdir())
+    stale = [name for name in committed if (wasm.DIST / name).read_bytes() != (rebuilt / name).read_bytes()]
+    assert not stale, f"wasm/dist is out of date with wasm/*.cpp: run `make wasm` and commit {stale}"
+
+
+def test_initialisation_and_batches_match_their_numpy_replicas(dist, oracle):
+    config, ids = oracle["config"], oracle["ids"]
+    answer = wasm.run_node("simd", wasm.trainer_config(config), tokens=ids, token_seed=3, steps=5, seed=7, lr=0.0,
+                           dist=dist)
+    np.testing.assert_array_equal(answer["params"], wasm.init_weights(config, seed=7))  # lr 0: still the init
+    start = wasm.batch_starts(3, len(ids), config.block_size, wasm.BATCH, 5)[-1, 0]
+    assert answer["last_batch"] == ids[start : start + config.block_size].tolist()
+
+
+def relative(ours, theirs) -> float:
+    return float(np.linalg.norm(ours - theirs) / np.linalg.norm(theirs))
+
+
+@pytest.mark.parametrize("build", wasm.BUILDS)
+def test_one_step_matches_the_oracle_from_its_exported_weights(build, dist, oracle):
+    """The oracle's own (torch) initialisation, exported and loaded: logits and every
+    parameter's gradient agree to 1e-4 relative."""
+    config, ids = oracle["config"], oracle["ids"]
+    model = GPT(config)
+    starts = wasm.batch_starts(11, len(ids), config.block_size, wasm.BATCH, 1)[0]
+    x = np.stack([ids[s : s + config.block_size] for s in starts])
+    y = np.stack([ids[s + 1 : s + 1 + config.block_size] for s in starts])
+    answer = wasm.run_node(build, wasm.trainer_config(config), threads=THREADS[build],
+                           weights=wasm.weights_bytes(model), batch=(x, y), dist=dist)
+    logits, loss = model(torch.from_numpy(x), torch.from_numpy(y))
+    loss.backward()
+    assert abs(answer["loss"] - loss.item()) < 1e-5
+    assert relative(answer["logits"], logits.detach().numpy().ravel()) < 1e-4
+    offset = 0
+    for name, shape in wasm.shapes(config):
+        size = int(np.prod(shape))
+        theirs = dict(model.named_parameters())[name].grad.numpy().ravel()
+        assert relative(answer["grads"][offset : offset + size], theirs) < 1e-4, name
+        offset += size
+
+
+@pytest.mark.parametrize("build", wasm.BUILDS)
+def test_loss_drift_after_100_steps_is_below_1e_3(build, dist, oracle):
+    answer = wasm.run_node(build, wasm.trainer_config(oracle["config"]), threads=THREADS[build],
+                           tokens=oracle["ids"], steps=STEPS, dist=dist)
+    assert answer["threads"] == THREADS[build]
+    drift = np.abs(np.array(answer["losses"]) - oracle["losses"])
+    assert drift.max() < 1e-3, f"{build}: loss drift {drift.max():.2e} (worst at step {drift.argmax() + 1})"
+    assert answer["losses"][-1] < answer["losses"][0] - 3  # and it learns: ~6.2 to ~1.0 nats
+
+
+def small() -> dict:
+    return wasm.trainer_config(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16), batch=2)
+
+
+def test_weights_of_the_wrong_shape_are_refused(dist):
+    other = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16))
+    with pytest.raises(RuntimeError, match="weights of the wrong shape: the file is for vocab 64, block 16, 2 layers"):
+        wasm.run_node("simd", small(), weights=wasm.weights_bytes(other), dist=dist)
+
+
+def test_a_truncated_or_foreign_weights_file_is_refused(dist):
+    good = wasm.weights_bytes(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)))
+    with pytest.raises(RuntimeError, match=f"truncated or padded: {len(good) - 10} bytes, expected {len(good)}"):
+        wasm.run_node("simd", small(), weights=good[:-10], dist=dist)
+    with pytest.raises(RuntimeError, match="not a posttrainllm weights file"):
+        wasm.run_node("simd", small(), weights=b"PK\x03\x04" + good[4:], dist=dist)
+
+
+def test_tokens_outside_the_vocabulary_are_refused(dist):
+    with pytest.raises(RuntimeError, match="token 5 is id 64, outside the vocabulary of 64"):
+        wasm.run_node("simd", small(), tokens=[1, 2, 3, 4, 5, 64] + [0] * 40, steps=1, dist=dist)
+
+
+@pytest.mark.parametrize("build", ["simd", "threads"])
+def test_a_model_too_big_for_memory_reports_itself(build, dist):
+    huge = wasm.trainer_config(GPTConfig(vocab_size=512, block_size=512, n_layer=8, n_head=8, n_embd=256), batch=16)
+    with pytest.raises(RuntimeError, match=r"out of memory: this model and batch need \d+ MB"):
+        wasm.run_node(build, huge, threads=THREADS[build], dist=dist)
+
+
+def test_the_trainer_refuses_an_architecture_it_does_not_implement():
+    with pytest.raises(ValueError, match="differs in {'norm': 'rmsnorm'}"):
+        wasm.trainer_config(GPTConfig(norm="rmsnorm"))
+
+
+def test_an_unknown_build_is_named():
+    with pytest.raises(ValueError, match="no build 'sse'"):
+        wasm.run_node("sse", small())
