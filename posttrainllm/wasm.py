@@ -16,6 +16,8 @@ module is its Python side:
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shutil
 import struct
@@ -199,3 +201,49 @@ def run_node(build: str, config: dict, *, threads: int = 1, seed: int = 0, weigh
             if (tmp / f"{name}.f32").is_file():
                 answer[name] = np.fromfile(tmp / f"{name}.f32", dtype="<f4")
     return answer
+
+
+BROWSER_FILES = ("trainer.mjs", "worker.js", "cell.js")
+BROWSER_BUILDS = ("simd", "threads")  # every current browser has SIMD; threads need isolation
+
+
+def browser_cell(tok, ids, oracle: list[float], steps: tuple[int, ...] = (10, 100, 300), default: int = 100,
+                 config=None, tokens: int = 1 << 16, seed: int = 0, lr: float = 3e-3):
+    """The HTML for a notebook cell that trains the oracle GPT in the reader's browser: the
+    trainer's JavaScript and builds, the first ``tokens`` training ids and the tokenizer's byte
+    strings inlined, loaded as blob URLs — so it works in JupyterLab, the built book and a static
+    host, with no server and no Python kernel. ``oracle`` holds the PyTorch oracle's first losses
+    from the same initialisation and batches, which the cell plots beside the browser's own."""
+    from IPython.display import HTML
+
+    config = config or oracle_setup()[0]
+    ids = np.asarray(ids[:tokens], dtype="<u2")
+    files = {name: (WASM / name).read_text(encoding="utf-8") for name in BROWSER_FILES}
+    for build in BROWSER_BUILDS:
+        files[f"tinygpt-{build}.mjs"] = (DIST / f"tinygpt-{build}.mjs").read_text(encoding="utf-8")
+        files[f"tinygpt-{build}.wasm"] = base64.b64encode((DIST / f"tinygpt-{build}.wasm").read_bytes()).decode()
+    files["tinygpt-threads.worker.js"] = (DIST / "tinygpt-threads.worker.js").read_text(encoding="utf-8")
+    settings = {
+        "model": trainer_config(config), "tokens": base64.b64encode(ids.tobytes()).decode(),
+        "vocab": [base64.b64encode(t).decode() for t in tok.vocab], "prompt": tok.encode_ordinary("Once there was"),
+        "sampleLength": 60, "oracle": [round(x, 6) for x in oracle], "stepChoices": list(steps),
+        "defaultSteps": default, "seed": seed, "lr": lr,
+    }
+    payload = json.dumps({"files": files, "config": settings}, sort_keys=True).replace("</", "<\\/")
+    cell_id = f"ptl-wasm-{hashlib.sha256(payload.encode()).hexdigest()[:8]}"
+    return HTML(f"""<div class="ptl-wasm" id="{cell_id}">
+<p class="ptl-status">This cell trains the tiny GPT in your browser with the WebAssembly trainer. Its script has
+not run yet: in the book it starts by itself; in JupyterLab, run the cell (scripts stored in a notebook you opened
+from disk stay off until it is trusted).</p>
+</div>
+<script type="module">
+const {{files, config}} = {payload};
+const root = document.getElementById("{cell_id}");
+try {{
+  const cell = await import(URL.createObjectURL(new Blob([files["cell.js"]], {{type: "text/javascript"}})));
+  cell.mount(root, files, config);
+}} catch (err) {{
+  root.dataset.state = "error";
+  root.querySelector(".ptl-status").textContent = "The WASM cell could not start: " + err.message;
+}}
+</script>""")

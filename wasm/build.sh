@@ -14,7 +14,7 @@ export NODE_PATH=${NODE_PATH:-/usr/share/nodejs}  # Debian's emscripten finds ac
 EXPORTS=$(grep -oE '^[a-z].*[ *]tg_[a-z0-9_]+\(' tinygpt.cpp | grep -oE 'tg_[a-z0-9_]+' | sed 's/^/_/' | paste -sd,)  # every tg_ function
 COMMON=(-O3 -std=c++17 -fno-exceptions -fno-rtti
   -sMODULARIZE=1 -sEXPORT_ES6=1 -sEXPORT_NAME=createTinyGPT -sENVIRONMENT=web,worker,node
-  -sINITIAL_MEMORY=64MB -sALLOW_MEMORY_GROWTH=0 -sABORTING_MALLOC=0
+  -sUSE_ES6_IMPORT_META=0 -sINITIAL_MEMORY=64MB -sALLOW_MEMORY_GROWTH=0 -sABORTING_MALLOC=0
   --extern-pre-js node_shim.js
   "-sEXPORTED_FUNCTIONS=$EXPORTS,_malloc,_free" -sEXPORTED_RUNTIME_METHODS=UTF8ToString)
 emcc "${COMMON[@]}" tinygpt.cpp -o "$OUT/tinygpt-scalar.mjs"
