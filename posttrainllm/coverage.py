@@ -42,7 +42,7 @@ def asset_files(root: Path) -> list[str]:
         for d in ASSET_DIRS
         if (root / d).is_dir()
         for p in (root / d).rglob("*")
-        if p.suffix in ASSET_SUFFIXES and "build" not in p.parts and "node_modules" not in p.parts
+        if p.suffix in ASSET_SUFFIXES and not {"build", "dist", "node_modules"} & set(p.parts)
     )
 
 
