@@ -4,7 +4,8 @@
   summary table, all read from the same file by ``posttrainllm.study``;
 - ``book/coverage``: the coverage map, from ``posttrainllm.coverage``;
 - ``book/notebook-times``: the notebook time-budget report that ``make test`` wrote;
-- ``book/benchmarks``: the result tables committed under ``benchmarks/results/``.
+- ``book/benchmarks``: the result tables committed under ``benchmarks/results/``;
+- ``book/math-vs-engineering``: the loss-drift table (``benchmarks/drift.py``).
 
 A page marks where generated text goes with a line ``<!-- generated: NAME -->``.
 
@@ -22,6 +23,7 @@ from posttrainllm import coverage, study
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMES = ROOT / "_build" / "reports" / "notebook-times.json"
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _status(topic: study.Topic) -> str:
@@ -67,27 +69,42 @@ def notebook_times_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def result_table(path: Path) -> list[str]:
+    """One result file of ``benchmarks/results`` as a Markdown table with its provenance."""
+    result = json.loads(path.read_text(encoding="utf-8"))
+    columns = result["columns"]
+    return [
+        f"`benchmarks/results/{path.name}`, measured on {result['machine']}.\n",
+        "| " + " | ".join(columns) + " |",
+        "| " + " | ".join("---" for _ in columns) + " |",
+        *("| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in result["rows"]),
+        f"\n{result['notes']}\n",
+    ]
+
+
 def benchmark_tables() -> str:
-    results = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+    results = sorted(RESULTS.glob("*.json"))
     if not results:
         return "No benchmark results are committed yet.\n"
     parts = []
     for path in results:
-        result = json.loads(path.read_text(encoding="utf-8"))
-        columns = result["columns"]
-        parts += [
-            f"## {result['title']}\n",
-            f"`benchmarks/{path.stem}.py`, measured on {result['machine']}.\n",
-            "| " + " | ".join(columns) + " |",
-            "| " + " | ".join("---" for _ in columns) + " |",
-            *("| " + " | ".join(str(v) for v in row) + " |" for row in result["rows"]),
-            f"\n{result['notes']}\n",
-        ]
+        parts += [f"## {json.loads(path.read_text(encoding='utf-8'))['title']}\n", *result_table(path)]
     return "\n".join(parts)
+
+
+def drift_table() -> str:
+    """The drift table; a row past its bound stops the build rather than being published."""
+    path = RESULTS / "drift.json"
+    result = json.loads(path.read_text(encoding="utf-8"))
+    past = [row[0] for row in result["rows"] if row[result["columns"].index("within")] != "yes"]
+    if past:
+        raise ValueError(f"{path}: past their drift bounds: {past}")
+    return "\n".join(result_table(path))
 
 
 GENERATED = {
     "benchmarks": benchmark_tables,
+    "drift": drift_table,
     "coverage-map": lambda: coverage.markdown_table(ROOT),
     "notebook-times": notebook_times_table,
 }

@@ -181,3 +181,90 @@ def test_webgpu_cells_explain_themselves_without_webgpu(visit, path):
     assert "WebGPU" in message and "no GPU adapter" in message
     assert cell.locator("button").is_disabled()
     assert errors == []
+
+
+WASM_PAGE = "notebooks/07-attention.html"
+
+
+@pytest.fixture(scope="module")
+def wasm_oracle():
+    """The PyTorch oracle's first 10 losses, computed here (not read from the page) from the
+    trainer's initialisation on the batches the cell draws: from the first 65,536 training ids."""
+    import torch
+
+    from posttrainllm import wasm
+    from posttrainllm.model import GPT
+
+    config, _, ids = wasm.oracle_setup()
+    torch.manual_seed(0)
+    model = GPT(config)
+    wasm.load_flat(model, wasm.init_weights(config))
+    return wasm.oracle_losses(model, ids[: 1 << 16], 10, wasm.BATCH)
+
+
+def wasm_cell(page):
+    cell = page.locator(".ptl-wasm")
+    assert cell.count() == 1, "no WASM trainer cell on the page"
+    page.wait_for_function("document.querySelector('.ptl-wasm')?.dataset.state === 'ready'", timeout=60000)
+    return cell
+
+
+def train_wasm_cell(page, oracle, steps="10", stop_after=None):
+    """Train in the cell; check the loss falls and its first steps match the oracle's. With
+    ``stop_after``, press Stop once that many steps are done. Returns the cell's results."""
+    cell = wasm_cell(page)
+    cell.locator(".ptl-steps").select_option(steps)
+    cell.locator(".ptl-train").click()
+    if stop_after is not None:
+        page.wait_for_function(f"(document.querySelector('.ptl-stats')?.textContent ?? '').match(/step (\\d+)/)?.[1]"
+                               f" >= {stop_after}", timeout=120000)
+        cell.locator(".ptl-stop").click()
+    page.wait_for_function("e => ['done', 'error'].includes(e.dataset.state)", arg=cell.element_handle(),
+                           timeout=240000)
+    status = cell.locator(".ptl-status").inner_text()
+    assert cell.get_attribute("data-state") == "done", status
+    run = json.loads(cell.get_attribute("data-results"))
+    losses = run["losses"]
+    assert len(losses) >= len(oracle) and losses[-1] < losses[0] - 0.5, losses
+    drift = max(abs(a - b) for a, b in zip(losses, oracle, strict=False))
+    assert drift < 1e-4, f"the browser's losses {losses[:10]} drift {drift:.1e} from the oracle's {oracle}"
+    assert run["sample"].startswith("Once there was") and len(run["sample"]) > 40
+    assert cell.locator(".ptl-sample").inner_text() == run["sample"]
+    assert cell.locator(".ptl-loss-plot circle").count() == len(oracle)  # the oracle's dots, beside the curve
+    return run, status
+
+
+def test_wasm_cell_trains_on_threads_when_the_host_isolates_the_page(visit, wasm_oracle):
+    page, errors, external = visit(WASM_PAGE)  # `make book`'s server sends COOP/COEP
+    assert page.evaluate("crossOriginIsolated")
+    cell = wasm_cell(page)
+    assert "threaded SIMD build" in cell.locator(".ptl-status").inner_text()
+    assert cell.locator(".ptl-threads-note").count() == 0
+    run, status = train_wasm_cell(page, wasm_oracle)
+    assert run["build"] == "threads" and run["threads"] >= 2 and run["tokensPerSecond"] > 0
+    assert "Done after 10 steps" in status
+    assert errors == [] and external == []
+
+
+def test_wasm_cell_on_a_static_host_says_why_one_thread_and_its_service_worker_isolates(browser, plain_site,
+                                                                                        wasm_oracle):
+    _visit, opened = _visitor(browser, plain_site)
+    try:
+        page, errors, external = _visit(WASM_PAGE)
+        assert not page.evaluate("crossOriginIsolated")
+        cell = wasm_cell(page)
+        note = cell.locator(".ptl-threads-note").inner_text()
+        assert "not cross-origin isolated" in note and "one thread" in note
+        run, _ = train_wasm_cell(page, wasm_oracle)  # still trains: one thread, SIMD
+        assert run["build"] == "simd" and run["threads"] == 1
+        with page.expect_navigation(timeout=30000):
+            cell.locator(".ptl-isolate").click()  # installs coi-sw.js, then reloads
+        assert page.evaluate("crossOriginIsolated"), "the service worker did not isolate the page"
+        assert wasm_cell(page).locator(".ptl-threads-note").count() == 0
+        run, status = train_wasm_cell(page, wasm_oracle, steps="300", stop_after=12)
+        assert run["build"] == "threads" and run["threads"] >= 2
+        assert status.startswith("Stopped after") and len(run["losses"]) < 300
+        assert errors == [] and external == []
+    finally:
+        for context in opened:
+            context.close()

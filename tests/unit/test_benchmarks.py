@@ -3,6 +3,7 @@
 (No timing is asserted: speed claims live in the benchmark results, not in tests.)"""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from tests.conftest import ROOT, require
 SCRIPTS = {  # script -> the result tables it writes
     "attention": ["attention_memory", "gpt_throughput"],
     "autograd_engines": ["autograd_engines"],
+    "drift": ["drift"],
     "matmul": ["matmul"],
     "tokenizer": ["tokenizer_training", "tokenizer_encoding"],
     "training_mechanics": ["checkpointing", "precision", "data_parallel"],
@@ -27,13 +29,15 @@ COMMITTED = {"webgpu": ["webgpu_matmul_gpu", "webgpu_attention_gpu", "webgpu_sof
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_benchmark_runs_quickly_and_writes_its_table(script, tmp_path):
-    if script == "webgpu":
+    if script in ("webgpu", "drift"):
         require(Path(webgpu.DRIVERS["lavapipe"]).is_file(), "Mesa's lavapipe (apt-get install mesa-vulkan-drivers)")
+    if script == "drift":
+        require(shutil.which("node") is not None, "node (apt-get install nodejs): the WASM rows run under it")
     subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--quick", "--out", str(tmp_path),
          *EXTRA_ARGS.get(script, [])],
         check=True, capture_output=True, text=True,
-    )
+    )  # drift.py also asserts every row is within its bound
     for name in SCRIPTS[script]:
         result = json.loads((tmp_path / f"{name}.json").read_text())
         assert result["rows"] and all(len(row) == len(result["columns"]) for row in result["rows"])
