@@ -177,17 +177,20 @@ def node() -> str:
 
 def run_node(build: str, config: dict, *, threads: int = 1, seed: int = 0, weights: bytes | None = None,
              tokens=None, token_seed: int = 0, steps: int = 0, lr: float = 3e-3, batch=None,
-             dist: Path = DIST) -> dict:
+             bench_gemm: tuple[list[int], int] | None = None, dist: Path = DIST) -> dict:
     """Run ``build`` of the trainer under node (``wasm/node_run.mjs``). Returns its answer:
     ``losses`` of ``steps`` training steps on ``tokens``, ``seconds``, ``threads``, and with
-    ``batch=(inputs, targets)`` that batch's ``loss``, ``grads`` and ``logits``; ``params``
-    after training. A trainer error raises ``RuntimeError`` with the trainer's message."""
+    ``batch=(inputs, targets)`` that batch's ``loss``, ``grads`` and ``logits``; with
+    ``bench_gemm=(sizes, reps)``, ``gemm``: seconds per n x n x n product and its largest error;
+    ``params`` after training. A trainer error raises ``RuntimeError`` with the trainer's message."""
     if build not in BUILDS:
         raise ValueError(f"no build {build!r}; the builds are {BUILDS}")
     with tempfile.TemporaryDirectory(prefix="tinygpt-") as tmp:
         tmp = Path(tmp)
         job = {"build": build, "dist": str(dist), "config": config, "threads": threads, "seed": seed,
                "adamw": {"lr": lr}, "steps": steps, "token_seed": token_seed, "out": str(tmp)}
+        if bench_gemm is not None:
+            job["bench_gemm"] = {"sizes": list(bench_gemm[0]), "reps": bench_gemm[1]}
         if weights is not None:
             (tmp / "weights.bin").write_bytes(weights)
             job["weights"] = str(tmp / "weights.bin")

@@ -20,6 +20,7 @@ COMMON=(-O3 -std=c++17 -fno-exceptions -fno-rtti
 emcc "${COMMON[@]}" tinygpt.cpp -o "$OUT/tinygpt-scalar.mjs"
 emcc "${COMMON[@]}" -msimd128 tinygpt.cpp -o "$OUT/tinygpt-simd.mjs"
 # the pool's workers are started with the module (a worker cannot start one synchronously
-# later); the caller is one of the `threads`, so it needs threads - 1 more
-emcc "${COMMON[@]}" -msimd128 -pthread -DTINYGPT_THREADS '-sPTHREAD_POOL_SIZE=Math.max(0,(Module.threads|0)-1)' \
+# later); the caller is one of the `threads`, so it needs threads - 1 more. At least one: this
+# Emscripten's startup never finishes with an empty pool (node exits with an unsettled await).
+emcc "${COMMON[@]}" -msimd128 -pthread -DTINYGPT_THREADS '-sPTHREAD_POOL_SIZE=Math.max(1,(Module.threads|0)-1)' \
   tinygpt.cpp -o "$OUT/tinygpt-threads.mjs"

@@ -4,7 +4,7 @@
 //   node --no-experimental-fetch wasm/node_run.mjs job.json
 //
 // job: {build, dist, config, threads, seed, weights?, tokens, token_seed, adamw, steps,
-//       batch?: {inputs, targets}, out?}
+//       batch?: {inputs, targets}, bench_gemm?: {sizes, reps}, out?}
 // Files are raw little-endian arrays: tokens uint16, batch int32, weights in the PTLGPT1 format.
 // With `out`, params.f32 (after training), and for `batch` grads.f32 and logits.f32, land there.
 import {readFileSync, writeFileSync} from "node:fs";
@@ -42,6 +42,9 @@ try {
     answer.seconds = Number(process.hrtime.bigint() - start) / 1e9;
     answer.losses = losses;
     if (job.steps) answer.last_batch = Array.from(trainer.lastBatch().slice(0, job.config.block));
+  }
+  if (job.bench_gemm) {
+    answer.gemm = job.bench_gemm.sizes.map((n) => ({n, ...trainer.benchGemm(n, job.bench_gemm.reps)}));
   }
   if (job.out) writeFileSync(join(job.out, "params.f32"), trainer.params());
 } catch (err) {

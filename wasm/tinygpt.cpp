@@ -599,4 +599,34 @@ int tg_generate(int32_t* ids, int n, int count, float temperature, uint32_t seed
   return 0;
 }
 
+// The benchmark's kernel alone: `reps` products C (m x n) = A (m x k) . B (k x n) on the model's
+// threads, the way the forward pass calls it. Inputs are small integers / 8, exact in fp32, so
+// the answer is checked against a double-precision dot product on a sample of entries; returns
+// the largest error found there (the caller times the call), or -1 with tg_error() set.
+double tg_bench_gemm(int m, int n, int k, int reps) {
+  if (!ready()) return -1;
+  if (m < 1 || n < 1 || k < 1 || reps < 1) {
+    fail("bench_gemm: sizes and reps must be positive");
+    return -1;
+  }
+  std::vector<float> a(static_cast<size_t>(m) * k), b(static_cast<size_t>(k) * n), c(static_cast<size_t>(m) * n);
+  auto A = [&](long i, long p) { return static_cast<float>((i * 7 + p * 3) % 13 - 6) / 8.0f; };
+  auto B = [&](long p, long j) { return static_cast<float>((p * 5 + j * 11) % 17 - 8) / 8.0f; };
+  for (long i = 0; i < m; ++i)
+    for (long p = 0; p < k; ++p) a[i * k + p] = A(i, p);
+  for (long p = 0; p < k; ++p)
+    for (long j = 0; j < n; ++j) b[p * n + j] = B(p, j);
+  const kernels::Operand rows_of_a{a.data(), k, 1};
+  for (int r = 0; r < reps; ++r)
+    rows_parallel(*model, m, [&](int s, int e) { kernels::gemm(c.data(), rows_of_a, b.data(), nullptr, n, k, false, s, e); });
+  double worst = 0.0;
+  for (long t = 0; t < 64; ++t) {
+    long i = (t * 37) % m, j = (t * 53) % n;
+    double exact = 0.0;
+    for (long p = 0; p < k; ++p) exact += static_cast<double>(A(i, p)) * B(p, j);
+    worst = std::fmax(worst, std::fabs(exact - c[i * n + j]));
+  }
+  return worst;
+}
+
 }  // extern "C"

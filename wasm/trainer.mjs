@@ -97,6 +97,16 @@ export class Trainer {
     return new Int32Array(this.mod.HEAP32.buffer, this.mod._tg_batch_inputs(), c.batch * c.block).slice();
   }
 
+  // n x n x n products on the model's threads: {seconds per product, maxError on sampled entries}
+  benchGemm(n, reps) {
+    this.mod._tg_bench_gemm(n, n, n, reps);  // warm-up: the engine compiles hot code again, optimised
+    const start = performance.now();
+    const maxError = this.mod._tg_bench_gemm(n, n, n, reps);
+    const seconds = (performance.now() - start) / 1000 / reps;
+    if (maxError < 0) throw new Error(`bench_gemm: ${this.mod.UTF8ToString(this.mod._tg_error())}`);
+    return {seconds, maxError};
+  }
+
   generate(prompt, count, temperature = 0.8, seed = 0) {
     const room = new Int32Array(prompt.length + count);
     room.set(prompt);

@@ -104,3 +104,21 @@ def test_the_trainer_refuses_an_architecture_it_does_not_implement():
 def test_an_unknown_build_is_named():
     with pytest.raises(ValueError, match="no build 'sse'"):
         wasm.run_node("sse", small())
+
+
+def test_the_threaded_build_also_runs_on_one_thread(dist, oracle):
+    """A one-core reader gets threads == 1; the threaded build must start and agree with SIMD."""
+    config = wasm.trainer_config(oracle["config"])
+    one = wasm.run_node("threads", config, threads=1, tokens=oracle["ids"], steps=3, dist=dist)
+    simd = wasm.run_node("simd", config, threads=1, tokens=oracle["ids"], steps=3, dist=dist)
+    assert one["threads"] == 1 and one["losses"] == simd["losses"]
+
+
+@pytest.mark.parametrize("build", wasm.BUILDS)
+def test_the_benchmarked_gemm_is_exact_on_exactly_representable_inputs(build, dist, oracle):
+    """Sizes off the 4 x 8 SIMD block, so the scalar edges run too; inputs are multiples of 1/8
+    whose sums fp32 holds exactly, so any wrong product shows as a nonzero error."""
+    answer = wasm.run_node(build, wasm.trainer_config(oracle["config"]), threads=THREADS[build],
+                           bench_gemm=([1, 37, 130], 1), dist=dist)
+    assert [g["n"] for g in answer["gemm"]] == [1, 37, 130]
+    assert all(g["maxError"] == 0 and g["seconds"] > 0 for g in answer["gemm"])
