@@ -90,3 +90,19 @@ def playwright():
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as p:
         yield p
+
+
+@pytest.fixture(scope="session")
+def wasm_oracle():
+    """The PyTorch oracle's first 10 losses, computed here (not read from the page) from the
+    trainer's initialisation on the batches the cell draws: from the first 65,536 training ids."""
+    import torch
+
+    from posttrainllm import wasm
+    from posttrainllm.model import GPT
+
+    config, _, ids = wasm.oracle_setup()
+    torch.manual_seed(0)
+    model = GPT(config)
+    wasm.load_flat(model, wasm.init_weights(config))
+    return wasm.oracle_losses(model, ids[: 1 << 16], 10, wasm.BATCH)

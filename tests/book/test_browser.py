@@ -186,26 +186,10 @@ def test_webgpu_cells_explain_themselves_without_webgpu(visit, path):
 WASM_PAGE = "notebooks/07-attention.html"
 
 
-@pytest.fixture(scope="module")
-def wasm_oracle():
-    """The PyTorch oracle's first 10 losses, computed here (not read from the page) from the
-    trainer's initialisation on the batches the cell draws: from the first 65,536 training ids."""
-    import torch
-
-    from posttrainllm import wasm
-    from posttrainllm.model import GPT
-
-    config, _, ids = wasm.oracle_setup()
-    torch.manual_seed(0)
-    model = GPT(config)
-    wasm.load_flat(model, wasm.init_weights(config))
-    return wasm.oracle_losses(model, ids[: 1 << 16], 10, wasm.BATCH)
-
-
 def wasm_cell(page):
     cell = page.locator(".ptl-wasm")
     assert cell.count() == 1, "no WASM trainer cell on the page"
-    page.wait_for_function("document.querySelector('.ptl-wasm')?.dataset.state === 'ready'", timeout=60000)
+    page.wait_for_function("document.querySelector('.ptl-wasm')?.dataset.state === 'ready'", timeout=180000)
     return cell
 
 

@@ -1,5 +1,6 @@
-"""The WebGPU cells in JupyterLab: a real server on 127.0.0.1, headless Chromium with WebGPU on
-(SwiftShader), the module's notebook opened and run, the cell's race run and checked.
+"""The browser cells in JupyterLab: a real server on 127.0.0.1, headless Chromium with WebGPU on
+(SwiftShader), the module's notebook opened and run, the WebGPU race run and checked, and in
+module 7 the WASM trainer trained against the oracle's losses.
 
 A notebook opened from disk is untrusted, so the stored outputs' scripts must stay off until
 the reader runs the cells; after Run All the cell starts and its results match the CPU."""
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.book.test_browser import WEBGPU_FLAGS
+from tests.book.test_browser import WEBGPU_FLAGS, train_wasm_cell, wasm_cell
 from tests.conftest import ROOT, chromium_path, require
 
 NOTEBOOKS = {"03-tensors.ipynb": "matmul", "07-attention.ipynb": "attention"}
@@ -69,7 +70,7 @@ def chromium(playwright):
 
 
 @pytest.mark.parametrize("notebook", sorted(NOTEBOOKS))
-def test_the_webgpu_cell_runs_in_jupyterlab(lab, chromium, notebook):
+def test_the_browser_cells_run_in_jupyterlab(lab, chromium, notebook, wasm_oracle):
     context = chromium.new_context()
     try:
         page = context.new_page()
@@ -90,6 +91,12 @@ def test_the_webgpu_cell_runs_in_jupyterlab(lab, chromium, notebook):
         assert cell.get_attribute("data-state") == "done", status
         timed = [r for r in json.loads(cell.get_attribute("data-results")) if "skipped" not in r]
         assert timed and all(r["ok"] for r in timed)
-        assert "Every result matched the CPU" in status and errors == []
+        assert "Every result matched the CPU" in status
+        if notebook == "07-attention.ipynb":  # and the WASM trainer: JupyterLab is not isolated, so one thread
+            note = wasm_cell(page).locator(".ptl-threads-note").inner_text()
+            assert "Cross-Origin-Embedder-Policy" in note and page.locator(".ptl-isolate").count() == 0
+            run, _ = train_wasm_cell(page, wasm_oracle)
+            assert run["build"] == "simd" and run["threads"] == 1
+        assert errors == []
     finally:
         context.close()

@@ -21,6 +21,7 @@ SCRIPTS = {  # script -> the result tables it writes
     "tokenizer": ["tokenizer_training", "tokenizer_encoding"],
     "training_mechanics": ["checkpointing", "precision", "data_parallel"],
     "speculative": ["speculative_decoding", "sae_throughput"],
+    "wasm": ["wasm_training", "wasm_matmul"],
     "webgpu": ["webgpu_matmul_cpu", "webgpu_attention_cpu", "webgpu_softmax_cpu"],
 }
 EXTRA_ARGS = {"webgpu": ["--driver", "lavapipe"]}  # CI has no GPU: the CPU driver checks the code path
@@ -31,8 +32,8 @@ COMMITTED = {"webgpu": ["webgpu_matmul_gpu", "webgpu_attention_gpu", "webgpu_sof
 def test_benchmark_runs_quickly_and_writes_its_table(script, tmp_path):
     if script in ("webgpu", "drift"):
         require(Path(webgpu.DRIVERS["lavapipe"]).is_file(), "Mesa's lavapipe (apt-get install mesa-vulkan-drivers)")
-    if script == "drift":
-        require(shutil.which("node") is not None, "node (apt-get install nodejs): the WASM rows run under it")
+    if script in ("drift", "wasm"):
+        require(shutil.which("node") is not None, "node (apt-get install nodejs): the WASM trainer runs under it")
     subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--quick", "--out", str(tmp_path),
          *EXTRA_ARGS.get(script, [])],
