@@ -57,8 +57,8 @@ lab: install
 # Rebuild the WASM trainer (wasm/*.cpp -> wasm/dist) with Emscripten, after changing its source.
 # The builds are committed, so reading the book needs no toolchain; the tests rebuild them and
 # check that the committed files are identical.
-wasm:
-	bash wasm/build.sh
+wasm: install
+	PYTHON=$(abspath $(BIN))/python bash wasm/build.sh
 
 # Re-execute every notebook in place after changing it or the package (stores outputs and
 # widget state); `make test` then checks the stored outputs with nbval.

@@ -74,7 +74,7 @@ def training_rows(config, ids, steps: int, oracle: np.ndarray) -> list[list]:
     measure = f"largest |loss difference| over {steps} training steps"
     rows = []
     for build, threads in (("scalar", 1), ("simd", 1), ("threads", 2)):
-        answer = wasm.run_node(build, wasm.trainer_config(config), threads=threads, tokens=ids, steps=steps)
+        answer = wasm.run(build, wasm.trainer_config(config), threads=threads, tokens=ids, steps=steps)
         what = {"scalar": "runs in a browser, no install", "simd": "4 floats per instruction",
                 "threads": "several cores"}[build]
         label = {"scalar": "WASM trainer, scalar", "simd": "WASM trainer, 128-bit SIMD",

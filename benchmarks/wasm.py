@@ -55,7 +55,7 @@ def training(config, ids, steps: int, out: Path) -> None:
     tokens = steps * wasm.BATCH * config.block_size
     runs = [("PyTorch", t, torch_seconds(config, ids, steps, t)) for t in (1, 2)]
     for build, threads in CONTENDERS:
-        answer = wasm.run_node(build, wasm.trainer_config(config), threads=threads, tokens=ids, steps=steps)
+        answer = wasm.run(build, wasm.trainer_config(config), threads=threads, tokens=ids, steps=steps)
         runs.append((f"WASM {build}", threads, answer["seconds"]))
     torch_at = {threads: s for name, threads, s in runs if name == "PyTorch"}
     rows = [[name, threads, f"{tokens / s:,.0f}", f"{s / steps * 1e3:.1f}", f"{torch_at[threads] / s:.2f}x"]
@@ -76,7 +76,7 @@ def training(config, ids, steps: int, out: Path) -> None:
 
 def matmul(config, sizes: list[int], reps: int, out: Path) -> None:
     def wasm_seconds(build: str, threads: int) -> list[float]:
-        answer = wasm.run_node(build, wasm.trainer_config(config), threads=threads, bench_gemm=(sizes, reps))
+        answer = wasm.run(build, wasm.trainer_config(config), threads=threads, bench_gemm=(sizes, reps))
         bad = [g for g in answer["gemm"] if g["maxError"] != 0]
         assert not bad, f"the {build} gemm is wrong: {bad}"
         return [g["seconds"] for g in answer["gemm"]]

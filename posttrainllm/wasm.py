@@ -9,8 +9,9 @@ module is its Python side:
   :func:`batch_starts`);
 - the weights file the trainer reads (:func:`weights_bytes`) and the mapping between its flat
   parameter array and the oracle's ``state_dict`` (:func:`flat_params`, :func:`load_flat`);
-- :func:`run_node`, which runs a build under node, and :func:`oracle_losses`, the same training
-  in PyTorch; the loss drift between the two is this port's correctness number;
+- :func:`run`, which runs a build (under node, or the Memory64 one in wasmtime), and
+  :func:`oracle_losses`, the same training in PyTorch; the loss drift between the two is this
+  port's correctness number;
 - :func:`browser_cell`, which trains it in the reader's browser.
 """
 
@@ -23,6 +24,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +33,9 @@ from posttrainllm.checkout import repo_root
 
 WASM = repo_root() / "wasm"
 DIST = WASM / "dist"
-BUILDS = ("scalar", "simd", "threads")  # wasm/trainer.mjs names their files
+BUILDS = ("scalar", "simd", "threads", "memory64")
+NODE_BUILDS = BUILDS[:3]  # Emscripten's, run under node (wasm/trainer.mjs names their files)
+MEMORY64_LIMIT = 1 << 30  # bytes the Memory64 build may grow to here (it has no fixed ceiling)
 MAGIC = b"PTLGPT1\0"
 BATCH = 16  # module 7's batch size, and the trainer's
 GOLDEN = 0x9E3779B97F4A7C15
@@ -175,16 +179,22 @@ def node() -> str:
     return path
 
 
-def run_node(build: str, config: dict, *, threads: int = 1, seed: int = 0, weights: bytes | None = None,
-             tokens=None, token_seed: int = 0, steps: int = 0, lr: float = 3e-3, batch=None,
-             bench_gemm: tuple[list[int], int] | None = None, dist: Path = DIST) -> dict:
-    """Run ``build`` of the trainer under node (``wasm/node_run.mjs``). Returns its answer:
+def run(build: str, config: dict, *, threads: int = 1, seed: int = 0, weights: bytes | None = None,
+        tokens=None, token_seed: int = 0, steps: int = 0, lr: float = 3e-3, batch=None,
+        bench_gemm: tuple[list[int], int] | None = None, dist: Path = DIST) -> dict:
+    """Run ``build`` of the trainer: Emscripten's under node (``wasm/node_run.mjs``), the
+    Memory64 one in wasmtime (:class:`Memory64`), which node 20 cannot load. Returns its answer:
     ``losses`` of ``steps`` training steps on ``tokens``, ``seconds``, ``threads``, and with
     ``batch=(inputs, targets)`` that batch's ``loss``, ``grads`` and ``logits``; with
     ``bench_gemm=(sizes, reps)``, ``gemm``: seconds per n x n x n product and its largest error;
     ``params`` after training. A trainer error raises ``RuntimeError`` with the trainer's message."""
     if build not in BUILDS:
         raise ValueError(f"no build {build!r}; the builds are {BUILDS}")
+    if build == "memory64":
+        if threads != 1:
+            raise ValueError("the Memory64 build has one thread")
+        return Memory64(dist / "tinygpt64.wasm").run(config, seed, weights, tokens, token_seed, steps, lr, batch,
+                                                     bench_gemm)
     with tempfile.TemporaryDirectory(prefix="tinygpt-") as tmp:
         tmp = Path(tmp)
         job = {"build": build, "dist": str(dist), "config": config, "threads": threads, "seed": seed,
@@ -213,6 +223,86 @@ def run_node(build: str, config: dict, *, threads: int = 1, seed: int = 0, weigh
             if (tmp / f"{name}.f32").is_file():
                 answer[name] = np.fromfile(tmp / f"{name}.f32", dtype="<f4")
     return answer
+
+
+class Memory64:
+    """``tinygpt64.wasm`` in wasmtime: the same C API as the node builds, called from Python,
+    with pointers 64 bits wide. Memory grows on demand up to :data:`MEMORY64_LIMIT`."""
+
+    def __init__(self, path: Path) -> None:
+        import wasmtime
+
+        config = wasmtime.Config()
+        config.wasm_memory64 = True
+        engine = wasmtime.Engine(config)
+        self.store = wasmtime.Store(engine)
+        self.store.set_limits(memory_size=MEMORY64_LIMIT)
+        instance = wasmtime.Instance(self.store, wasmtime.Module.from_file(engine, str(path)), [])
+        self.exports = instance.exports(self.store)
+        self.memory = self.exports["memory"]
+
+    def call(self, name: str, *args):
+        return self.exports[name](self.store, *args)
+
+    def check(self, code: int, what: str) -> None:
+        if code != 0:
+            raise RuntimeError(f"{what}: {self.message()}")
+
+    def message(self) -> str:
+        start = self.call("tg_error")
+        raw = self.memory.read(self.store, start, start + 512)
+        return bytes(raw[: raw.index(0)]).decode()
+
+    def put(self, data: bytes) -> int:
+        pointer = self.call("malloc", max(len(data), 1))
+        if pointer == 0:
+            raise RuntimeError(f"out of memory copying {len(data):,} bytes into the Memory64 trainer")
+        self.memory.write(self.store, data, pointer)
+        return pointer
+
+    def floats(self, pointer: int, count: int) -> np.ndarray:
+        return np.frombuffer(bytes(self.memory.read(self.store, pointer, pointer + 4 * count)), dtype="<f4").copy()
+
+    def run(self, config, seed, weights, tokens, token_seed, steps, lr, batch, bench_gemm) -> dict:
+        """What ``wasm/node_run.mjs`` does for a job, with the same answer."""
+        c = config
+        self.check(self.call("tg_create", c["vocab"], c["block"], c["layers"], c["heads"], c["embd"], c["batch"], 1,
+                             seed), "create")
+        n_params = self.call("tg_n_params")
+        answer = {"threads": self.call("tg_threads"), "n_params": n_params}
+        if weights is not None:
+            pointer = self.put(weights)
+            self.check(self.call("tg_load", pointer, len(weights)), "weights")
+            self.call("free", pointer)
+        self.call("tg_set_adamw", lr, 0.9, 0.999, 1e-8, 0.0)
+        if batch is not None:
+            x, y = (self.put(np.asarray(a, dtype="<i4").tobytes()) for a in batch)
+            answer["loss"] = self.call("tg_loss_and_grads", x, y)
+            answer["grads"] = self.floats(self.call("tg_grads"), n_params)
+            answer["logits"] = self.floats(self.call("tg_logits"), c["batch"] * c["block"] * c["vocab"])
+        if tokens is not None:
+            ids = np.asarray(tokens, dtype="<u2")
+            self.check(self.call("tg_set_tokens", self.put(ids.tobytes()), len(ids), token_seed), "tokens")
+            start, losses = time.perf_counter(), []
+            for _ in range(steps):
+                losses.append(self.call("tg_step"))
+                if losses[-1] != losses[-1]:
+                    raise RuntimeError(f"step: {self.message()}")
+            answer["seconds"], answer["losses"] = time.perf_counter() - start, losses
+        if bench_gemm is not None:
+            sizes, reps = bench_gemm
+            answer["gemm"] = [self.bench_gemm(n, reps) for n in sizes]
+        answer["params"] = self.floats(self.call("tg_params"), n_params)
+        return answer
+
+    def bench_gemm(self, n: int, reps: int) -> dict:
+        self.call("tg_bench_gemm", n, n, n, reps)  # warm-up, as trainer.mjs does
+        start = time.perf_counter()
+        error = self.call("tg_bench_gemm", n, n, n, reps)
+        seconds = (time.perf_counter() - start) / reps
+        if error < 0:
+            raise RuntimeError(f"bench_gemm: {self.message()}")
+        return {"n": n, "seconds": seconds, "maxError": error}
 
 
 BROWSER_FILES = ("trainer.mjs", "worker.js", "cell.js")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the WASM trainer with Emscripten into OUT (default wasm/dist): `make wasm` runs this.
-# Three builds of the same source: scalar, 128-bit SIMD, and SIMD with threads.
+# Four builds of the same source: scalar, 128-bit SIMD and SIMD with threads (Emscripten), and
+# Memory64 (zig, at the end).
 #
 # Memory is fixed at 64 MB (no growth): with threads, growing memory replaces the buffer that
 # every worker's views point at, and a worker that reads through an old view sees garbage — the
@@ -24,3 +25,14 @@ emcc "${COMMON[@]}" -msimd128 tinygpt.cpp -o "$OUT/tinygpt-simd.mjs"
 # Emscripten's startup never finishes with an empty pool (node exits with an unsettled await).
 emcc "${COMMON[@]}" -msimd128 -pthread -DTINYGPT_THREADS '-sPTHREAD_POOL_SIZE=Math.max(1,(Module.threads|0)-1)' \
   tinygpt.cpp -o "$OUT/tinygpt-threads.mjs"
+
+# Memory64 (64-bit pointers: no 4 GB ceiling on the model), SIMD, one thread. Debian's
+# Emscripten 3.1.6 cannot produce a working one, so zig's clang builds it (PyPI's ziglang,
+# installed with the project's test extras) for wasm64-freestanding: no libc, so the few libc
+# and C++ pieces the trainer uses come from freestanding/. It runs in wasmtime (the tests) and
+# in browsers with Memory64; node 20 cannot load it.
+ZIG=(${PYTHON:-python3} -m ziglang)
+"${ZIG[@]}" c++ --target=wasm64-freestanding -O3 -std=c++17 -fno-exceptions -fno-rtti -msimd128 \
+  -mbulk-memory -nostdinc++ -nostdlib++ -isystem freestanding -Wl,--no-entry -Wl,--strip-all \
+  $(grep -oE '^[a-z].*[ *]tg_[a-z0-9_]+\(' tinygpt.cpp | grep -oE 'tg_[a-z0-9_]+' | sed 's/^/-Wl,--export=/') \
+  -Wl,--export=malloc -Wl,--export=free tinygpt.cpp freestanding/runtime.cpp -o "$OUT/tinygpt64.wasm"

@@ -7,6 +7,19 @@
 // pre-spawns them (-sPTHREAD_POOL_SIZE) because a worker cannot start a new one synchronously.
 #pragma once
 
+#ifndef TINYGPT_THREADS
+// A build without threads runs every loop on the caller, and needs none of the C++ thread
+// library (the freestanding Memory64 build has none).
+class Pool {
+ public:
+  explicit Pool(int) {}
+  int threads() const { return 1; }
+  template <class Fn>
+  void parallel_for(int n, const Fn& fn) {
+    fn(0, n);
+  }
+};
+#else
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -17,11 +30,7 @@
 class Pool {
  public:
   explicit Pool(int threads) : threads_(threads < 1 ? 1 : threads) {
-#ifdef TINYGPT_THREADS
     for (int id = 1; id < threads_; ++id) workers_.emplace_back([this, id] { serve(id); });
-#else
-    threads_ = 1;  // a build without threads runs every chunk on the caller
-#endif
   }
 
   ~Pool() {
@@ -96,3 +105,4 @@ class Pool {
   std::atomic<unsigned> generation_{0};
   std::atomic<bool> stopping_{false};
 };
+#endif  // TINYGPT_THREADS

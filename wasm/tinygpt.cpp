@@ -160,7 +160,8 @@ void add_into(Model& md, float* out, const float* in, int rows, int cols) {
 }
 
 // fn(begin, end) over row ranges of [0, rows) cut at multiples of 4, the SIMD kernel's block
-void rows_parallel(Model& md, int rows, const std::function<void(int, int)>& fn) {
+template <class Fn>
+void rows_parallel(Model& md, int rows, const Fn& fn) {
   md.pool->parallel_for((rows + 3) / 4, [&](int s, int e) { fn(4 * s, 4 * e < rows ? 4 * e : rows); });
 }
 
@@ -469,7 +470,7 @@ int tg_create(int vocab, int block, int layers, int heads, int embd, int batch, 
                   rows * (10 * C + 2 * vocab + 3) + (vocab > 4 * C ? vocab : 4 * C) * C;
     destroy(md);
     return fail("out of memory: this model and batch need %ld MB of activations and optimizer state, more than "
-                "the module's fixed memory holds (a smaller batch, block or model fits)",
+                "this module's memory can hold (a smaller batch, block or model fits)",
                 floats * 4 / (1 << 20));
   }
   md->x.resize(rows);

@@ -10,7 +10,7 @@ from posttrainllm import wasm
 from posttrainllm.model import GPT, GPTConfig
 from tests.wasm.conftest import STEPS
 
-THREADS = {"scalar": 1, "simd": 1, "threads": 2}
+THREADS = {"scalar": 1, "simd": 1, "threads": 2, "memory64": 1}
 
 
 def test_committed_builds_are_what_the_source_builds(rebuilt):
@@ -22,7 +22,7 @@ def test_committed_builds_are_what_the_source_builds(rebuilt):
 
 def test_initialisation_and_batches_match_their_numpy_replicas(dist, oracle):
     config, ids = oracle["config"], oracle["ids"]
-    answer = wasm.run_node("simd", wasm.trainer_config(config), tokens=ids, token_seed=3, steps=5, seed=7, lr=0.0,
+    answer = wasm.run("simd", wasm.trainer_config(config), tokens=ids, token_seed=3, steps=5, seed=7, lr=0.0,
                            dist=dist)
     np.testing.assert_array_equal(answer["params"], wasm.init_weights(config, seed=7))  # lr 0: still the init
     start = wasm.batch_starts(3, len(ids), config.block_size, wasm.BATCH, 5)[-1, 0]
@@ -42,7 +42,7 @@ def test_one_step_matches_the_oracle_from_its_exported_weights(build, dist, orac
     starts = wasm.batch_starts(11, len(ids), config.block_size, wasm.BATCH, 1)[0]
     x = np.stack([ids[s : s + config.block_size] for s in starts])
     y = np.stack([ids[s + 1 : s + 1 + config.block_size] for s in starts])
-    answer = wasm.run_node(build, wasm.trainer_config(config), threads=THREADS[build],
+    answer = wasm.run(build, wasm.trainer_config(config), threads=THREADS[build],
                            weights=wasm.weights_bytes(model), batch=(x, y), dist=dist)
     logits, loss = model(torch.from_numpy(x), torch.from_numpy(y))
     loss.backward()
@@ -58,7 +58,7 @@ def test_one_step_matches_the_oracle_from_its_exported_weights(build, dist, orac
 
 @pytest.mark.parametrize("build", wasm.BUILDS)
 def test_loss_drift_after_100_steps_is_below_1e_3(build, dist, oracle):
-    answer = wasm.run_node(build, wasm.trainer_config(oracle["config"]), threads=THREADS[build],
+    answer = wasm.run(build, wasm.trainer_config(oracle["config"]), threads=THREADS[build],
                            tokens=oracle["ids"], steps=STEPS, dist=dist)
     assert answer["threads"] == THREADS[build]
     drift = np.abs(np.array(answer["losses"]) - oracle["losses"])
@@ -73,27 +73,28 @@ def small() -> dict:
 def test_weights_of_the_wrong_shape_are_refused(dist):
     other = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16))
     with pytest.raises(RuntimeError, match="weights of the wrong shape: the file is for vocab 64, block 16, 2 layers"):
-        wasm.run_node("simd", small(), weights=wasm.weights_bytes(other), dist=dist)
+        wasm.run("simd", small(), weights=wasm.weights_bytes(other), dist=dist)
 
 
-def test_a_truncated_or_foreign_weights_file_is_refused(dist):
+@pytest.mark.parametrize("build", ["simd", "memory64"])
+def test_a_truncated_or_foreign_weights_file_is_refused(build, dist):
     good = wasm.weights_bytes(GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16)))
     with pytest.raises(RuntimeError, match=f"truncated or padded: {len(good) - 10} bytes, expected {len(good)}"):
-        wasm.run_node("simd", small(), weights=good[:-10], dist=dist)
+        wasm.run(build, small(), weights=good[:-10], dist=dist)
     with pytest.raises(RuntimeError, match="not a posttrainllm weights file"):
-        wasm.run_node("simd", small(), weights=b"PK\x03\x04" + good[4:], dist=dist)
+        wasm.run(build, small(), weights=b"PK\x03\x04" + good[4:], dist=dist)
 
 
 def test_tokens_outside_the_vocabulary_are_refused(dist):
     with pytest.raises(RuntimeError, match="token 5 is id 64, outside the vocabulary of 64"):
-        wasm.run_node("simd", small(), tokens=[1, 2, 3, 4, 5, 64] + [0] * 40, steps=1, dist=dist)
+        wasm.run("simd", small(), tokens=[1, 2, 3, 4, 5, 64] + [0] * 40, steps=1, dist=dist)
 
 
-@pytest.mark.parametrize("build", ["simd", "threads"])
+@pytest.mark.parametrize("build", ["simd", "threads", "memory64"])  # fixed 64 MB; Memory64 capped at 1 GB here
 def test_a_model_too_big_for_memory_reports_itself(build, dist):
     huge = wasm.trainer_config(GPTConfig(vocab_size=512, block_size=512, n_layer=8, n_head=8, n_embd=256), batch=16)
     with pytest.raises(RuntimeError, match=r"out of memory: this model and batch need \d+ MB"):
-        wasm.run_node(build, huge, threads=THREADS[build], dist=dist)
+        wasm.run(build, huge, threads=THREADS[build], dist=dist)
 
 
 def test_the_trainer_refuses_an_architecture_it_does_not_implement():
@@ -103,14 +104,14 @@ def test_the_trainer_refuses_an_architecture_it_does_not_implement():
 
 def test_an_unknown_build_is_named():
     with pytest.raises(ValueError, match="no build 'sse'"):
-        wasm.run_node("sse", small())
+        wasm.run("sse", small())
 
 
 def test_the_threaded_build_also_runs_on_one_thread(dist, oracle):
     """A one-core reader gets threads == 1; the threaded build must start and agree with SIMD."""
     config = wasm.trainer_config(oracle["config"])
-    one = wasm.run_node("threads", config, threads=1, tokens=oracle["ids"], steps=3, dist=dist)
-    simd = wasm.run_node("simd", config, threads=1, tokens=oracle["ids"], steps=3, dist=dist)
+    one = wasm.run("threads", config, threads=1, tokens=oracle["ids"], steps=3, dist=dist)
+    simd = wasm.run("simd", config, threads=1, tokens=oracle["ids"], steps=3, dist=dist)
     assert one["threads"] == 1 and one["losses"] == simd["losses"]
 
 
@@ -118,7 +119,21 @@ def test_the_threaded_build_also_runs_on_one_thread(dist, oracle):
 def test_the_benchmarked_gemm_is_exact_on_exactly_representable_inputs(build, dist, oracle):
     """Sizes off the 4 x 8 SIMD block, so the scalar edges run too; inputs are multiples of 1/8
     whose sums fp32 holds exactly, so any wrong product shows as a nonzero error."""
-    answer = wasm.run_node(build, wasm.trainer_config(oracle["config"]), threads=THREADS[build],
+    answer = wasm.run(build, wasm.trainer_config(oracle["config"]), threads=THREADS[build],
                            bench_gemm=([1, 37, 130], 1), dist=dist)
     assert [g["n"] for g in answer["gemm"]] == [1, 37, 130]
     assert all(g["maxError"] == 0 and g["seconds"] > 0 for g in answer["gemm"])
+
+
+def test_memory64_has_64_bit_memory_and_grows_past_the_32_bit_builds_ceiling(dist):
+    import wasmtime
+
+    config = wasmtime.Config()
+    config.wasm_memory64 = True
+    module = wasmtime.Module.from_file(wasmtime.Engine(config), str(dist / "tinygpt64.wasm"))
+    memory = next(e.type for e in module.exports if e.name == "memory")
+    assert memory.is_64
+    big = wasm.trainer_config(GPTConfig(vocab_size=512, block_size=512, n_layer=4, n_head=8, n_embd=128), batch=8)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        wasm.run("simd", big, dist=dist)  # needs ~300 MB: past the fixed 64 MB
+    assert wasm.run("memory64", big, dist=dist)["n_params"] > 0
