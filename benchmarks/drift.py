@@ -73,12 +73,14 @@ def training_rows(config, ids, steps: int, oracle: np.ndarray) -> list[list]:
     data = batches(ids, config, steps)
     measure = f"largest |loss difference| over {steps} training steps"
     rows = []
-    for build, threads in (("scalar", 1), ("simd", 1), ("threads", 2)):
+    builds = {  # build: (threads, label, what it buys)
+        "scalar": (1, "WASM trainer, scalar", "runs in a browser, no install"),
+        "simd": (1, "WASM trainer, 128-bit SIMD", "4 floats per instruction"),
+        "threads": (2, "WASM trainer, SIMD + 2 threads", "several cores"),
+        "memory64": (1, "WASM trainer, Memory64 (wasmtime)", "models past 4 GB of memory"),
+    }
+    for build, (threads, label, what) in builds.items():
         answer = wasm.run(build, wasm.trainer_config(config), threads=threads, tokens=ids, steps=steps)
-        what = {"scalar": "runs in a browser, no install", "simd": "4 floats per instruction",
-                "threads": "several cores"}[build]
-        label = {"scalar": "WASM trainer, scalar", "simd": "WASM trainer, 128-bit SIMD",
-                 "threads": "WASM trainer, SIMD + 2 threads"}[build]
         rows.append(row(label, what, "PyTorch oracle (fp32)", measure,
                         float(np.abs(np.array(answer["losses"]) - oracle).max()), 1e-3))
     rows.append(row("FlashAttention-2 (PyTorch, tiles of 16)", "no T x T score matrix in memory",
