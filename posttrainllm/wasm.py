@@ -1,8 +1,9 @@
 """Module 7's tiny-GPT trainer in WebAssembly (``wasm/``), driven and checked from Python.
 
 ``wasm/tinygpt.cpp`` trains the oracle GPT (:mod:`posttrainllm.model`, default architecture) in
-C++ compiled three ways — plain scalar code, 128-bit SIMD, and SIMD with threads — and this
-module is its Python side:
+C++ compiled four ways — plain scalar code, 128-bit SIMD and SIMD with threads (Emscripten, run
+under node and in the browser), and Memory64 (zig, run in wasmtime) — and this module is its
+Python side:
 
 - the trainer's own initialisation and batch sampler, reproduced in numpy, so that the PyTorch
   oracle can start from the same weights and see the same batches (:func:`init_weights`,

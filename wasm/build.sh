@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the WASM trainer with Emscripten into OUT (default wasm/dist): `make wasm` runs this.
+# Build the WASM trainer into OUT (default wasm/dist): `make wasm` runs this.
 # Four builds of the same source: scalar, 128-bit SIMD and SIMD with threads (Emscripten), and
 # Memory64 (zig, at the end).
 #

@@ -190,6 +190,7 @@ def wasm_cell(page):
     cell = page.locator(".ptl-wasm")
     assert cell.count() == 1, "no WASM trainer cell on the page"
     page.wait_for_function("document.querySelector('.ptl-wasm')?.dataset.state === 'ready'", timeout=180000)
+    cell.scroll_into_view_if_needed()  # JupyterLab does not render cells outside the viewport
     return cell
 
 
@@ -205,7 +206,7 @@ def train_wasm_cell(page, oracle, steps="10", stop_after=None):
         cell.locator(".ptl-stop").click()
     page.wait_for_function("e => ['done', 'error'].includes(e.dataset.state)", arg=cell.element_handle(),
                            timeout=240000)
-    status = cell.locator(".ptl-status").inner_text()
+    status = cell.locator(".ptl-status").text_content()
     assert cell.get_attribute("data-state") == "done", status
     run = json.loads(cell.get_attribute("data-results"))
     losses = run["losses"]
@@ -213,7 +214,7 @@ def train_wasm_cell(page, oracle, steps="10", stop_after=None):
     drift = max(abs(a - b) for a, b in zip(losses, oracle, strict=False))
     assert drift < 1e-4, f"the browser's losses {losses[:10]} drift {drift:.1e} from the oracle's {oracle}"
     assert run["sample"].startswith("Once there was") and len(run["sample"]) > 40
-    assert cell.locator(".ptl-sample").inner_text() == run["sample"]
+    assert cell.locator(".ptl-sample").text_content() == run["sample"]
     assert cell.locator(".ptl-loss-plot circle").count() == len(oracle)  # the oracle's dots, beside the curve
     return run, status
 

@@ -93,7 +93,7 @@ def test_the_browser_cells_run_in_jupyterlab(lab, chromium, notebook, wasm_oracl
         assert timed and all(r["ok"] for r in timed)
         assert "Every result matched the CPU" in status
         if notebook == "07-attention.ipynb":  # and the WASM trainer: JupyterLab is not isolated, so one thread
-            note = wasm_cell(page).locator(".ptl-threads-note").inner_text()
+            note = wasm_cell(page).locator(".ptl-threads-note").text_content()
             assert "Cross-Origin-Embedder-Policy" in note and page.locator(".ptl-isolate").count() == 0
             run, _ = train_wasm_cell(page, wasm_oracle)
             assert run["build"] == "simd" and run["threads"] == 1
