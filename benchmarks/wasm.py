@@ -72,8 +72,7 @@ def training(config, ids, steps: int, out: Path) -> None:
         "benchmarks/results/drift.json). Node runs the builds the browser cell loads; a browser's engine is the same "
         "V8; Memory64 runs in wasmtime, which checks every 64-bit address. PyTorch calls MKL kernels written for "
         "this CPU's AVX-512 with fused multiply-add; WASM SIMD is 128 bits wide and has no fused multiply-add, so "
-        "at 2 x 4 lanes per cycle its matmul peaks near 22 GFLOP/s a core here (the table below), which caps the "
-        "ratio: the gemm alone is ~800 MFLOP a step.",
+        "its matmul runs several times slower (the matmul table), and the matmuls are most of a training step.",
         out,
     )
 
