@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from posttrainllm import attention as att  # noqa: E402
 from posttrainllm import lora, speculative, wasm, webgpu  # noqa: E402
 from posttrainllm.distributed import train_parallel, train_single  # noqa: E402
 from posttrainllm.mixed_precision import Fp16Trainer  # noqa: E402
-from posttrainllm.model import GPT, GPTConfig, KVCache  # noqa: E402
+from posttrainllm.model import GPT, KVCache  # noqa: E402
 from posttrainllm.train import greedy  # noqa: E402
 
 COLUMNS = ["optimisation", "what it buys", "compared with", "measured as", "drift", "bound", "within"]
@@ -55,13 +56,6 @@ def train_losses(model: GPT, data, autocast: bool = False) -> np.ndarray:
     return np.array(losses)
 
 
-def fresh(config: GPTConfig, **changes) -> GPT:
-    """The oracle at the WASM trainer's initialisation (so every training row shares one start)."""
-    model = GPT(GPTConfig(**{**config.__dict__, **changes}))
-    wasm.load_flat(model, wasm.init_weights(config))
-    return model
-
-
 def row(name: str, buys: str, reference: str, measure: str, drift: float, bound: float) -> list:
     within = drift <= bound
     assert within, f"{name}: drift {drift:.2e} is past its bound {bound:.0e}"
@@ -72,31 +66,33 @@ def row(name: str, buys: str, reference: str, measure: str, drift: float, bound:
 def training_rows(config, ids, steps: int, oracle: np.ndarray) -> list[list]:
     data = batches(ids, config, steps)
     measure = f"largest |loss difference| over {steps} training steps"
-    rows = []
+
+    def gap(losses) -> float:
+        return float(np.abs(np.asarray(losses) - oracle).max())
+
     builds = {  # build: (threads, label, what it buys)
         "scalar": (1, "WASM trainer, scalar", "runs in a browser, no install"),
         "simd": (1, "WASM trainer, 128-bit SIMD", "4 floats per instruction"),
         "threads": (2, "WASM trainer, SIMD + 2 threads", "several cores"),
         "memory64": (1, "WASM trainer, Memory64 (wasmtime)", "models past 4 GB of memory"),
     }
+    rows = []
     for build, (threads, label, what) in builds.items():
         answer = wasm.run(build, wasm.trainer_config(config), threads=threads, tokens=ids, steps=steps)
-        rows.append(row(label, what, "PyTorch oracle (fp32)", measure,
-                        float(np.abs(np.array(answer["losses"]) - oracle).max()), 1e-3))
-    rows.append(row("FlashAttention-2 (PyTorch, tiles of 16)", "no T x T score matrix in memory",
-                    "naive attention", measure,
-                    float(np.abs(train_losses(fresh(config, attention="flash"), data) - oracle).max()), 1e-3))
-    checkpointed = fresh(config)
+        rows.append(row(label, what, "PyTorch oracle (fp32)", measure, gap(answer["losses"]), 1e-3))
+    flash = train_losses(wasm.oracle_at_init(config, attention="flash"), data)
+    rows.append(row("FlashAttention-2 (PyTorch, tiles of 16)", "no T x T score matrix in memory", "naive attention",
+                    measure, gap(flash), 1e-3))
+    checkpointed = wasm.oracle_at_init(config)
     checkpointed.recompute_segment = 1
-    rows.append(row("Gradient checkpointing (1 block per segment)", "activation memory",
-                    "no checkpointing", measure, float(np.abs(train_losses(checkpointed, data) - oracle).max()), 0.0))
-    model = fresh(config)
+    rows.append(row("Gradient checkpointing (1 block per segment)", "activation memory", "no checkpointing", measure,
+                    gap(train_losses(checkpointed, data)), 0.0))
+    model = wasm.oracle_at_init(config)
     trainer = Fp16Trainer(model, torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0))
-    fp16 = np.array([trainer.step(x, y) for x, y in data])
     rows.append(row("fp16 + fp32 master weights + loss scaling", "half the memory traffic; GPU tensor cores",
-                    "fp32", measure, float(np.abs(fp16 - oracle).max()), 5e-2))
+                    "fp32", measure, gap([trainer.step(x, y) for x, y in data]), 5e-2))
     rows.append(row("bf16 autocast", "half the memory traffic; GPU tensor cores", "fp32", measure,
-                    float(np.abs(train_losses(fresh(config), data, autocast=True) - oracle).max()), 5e-2))
+                    gap(train_losses(wasm.oracle_at_init(config), data, autocast=True)), 5e-2))
     return rows
 
 
@@ -120,7 +116,7 @@ def inference_rows(trained: GPT, ids) -> list[list]:
                         [trained(sequence[:, t : t + 1], cache=cache)[0] for t in range(16, sequence.shape[1])])
     rows = [row("KV cache", "one token's work per generated token", "recomputing the whole prefix",
                 "largest |logit difference|, 64 positions", float((full - stepped).abs().max()), 1e-4)]
-    draft = GPT(GPTConfig(**{**trained.config.__dict__, "n_layer": 1}))
+    draft = GPT(dataclasses.replace(trained.config, n_layer=1))
     spec = speculative.speculative_generate(trained, draft, prompt, 48, k=4).tokens
     differing = sum(a != b for a, b in zip(spec, tokens, strict=True))
     rows.append(row("Speculative decoding (greedy, k = 4)", "fewer target forwards per token",
@@ -182,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(2)
     steps = 10 if args.quick else 100
     config, _, ids = wasm.oracle_setup()
-    trained = fresh(config)
+    trained = wasm.oracle_at_init(config)
     oracle = np.array(wasm.oracle_losses(trained, ids, steps, wasm.BATCH))
     rows = training_rows(config, ids, steps, oracle)
     rows.append(parallel_row(config, ids, steps))

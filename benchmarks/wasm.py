@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, write_result  # noqa: E402
 
 from posttrainllm import wasm  # noqa: E402
-from posttrainllm.model import GPT  # noqa: E402
 
 CONTENDERS = [("scalar", 1), ("simd", 1), ("threads", 1), ("threads", 2), ("memory64", 1)]
 NUMPY_GEMM = """
@@ -44,8 +43,7 @@ print(json.dumps((time.perf_counter() - start) / reps))
 
 def torch_seconds(config, ids, steps: int, threads: int) -> float:
     torch.set_num_threads(threads)
-    model = GPT(config)
-    wasm.load_flat(model, wasm.init_weights(config))
+    model = wasm.oracle_at_init(config)
     wasm.oracle_losses(model, ids, 2, wasm.BATCH)  # warm-up
     start = time.perf_counter()
     wasm.oracle_losses(model, ids, steps, wasm.BATCH)

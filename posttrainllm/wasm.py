@@ -35,7 +35,6 @@ from posttrainllm.checkout import repo_root
 WASM = repo_root() / "wasm"
 DIST = WASM / "dist"
 BUILDS = ("scalar", "simd", "threads", "memory64")
-NODE_BUILDS = BUILDS[:3]  # Emscripten's, run under node (wasm/trainer.mjs names their files)
 MEMORY64_LIMIT = 1 << 30  # bytes the Memory64 build may grow to here (it has no fixed ceiling)
 MAGIC = b"PTLGPT1\0"
 BATCH = 16  # module 7's batch size, and the trainer's
@@ -141,6 +140,18 @@ def weights_bytes(model) -> bytes:
 def batch_starts(seed: int, n_tokens: int, block: int, batch: int, steps: int) -> np.ndarray:
     """Where each sequence of each step's batch starts (steps x batch), as the trainer draws them."""
     return (splitmix64(seed, steps * batch) % np.uint64(n_tokens - block)).astype(np.int64).reshape(steps, batch)
+
+
+def oracle_at_init(config, seed: int = 0, **changes):
+    """The PyTorch oracle holding the trainer's initialisation from ``seed`` — where both sides
+    of a drift measurement start. ``changes`` alter the oracle's config (``attention="flash"``)."""
+    from dataclasses import replace
+
+    from posttrainllm.model import GPT
+
+    model = GPT(replace(config, **changes))
+    load_flat(model, init_weights(config, seed=seed))
+    return model
 
 
 def oracle_losses(model, ids, steps: int, batch: int, seed: int = 0, lr: float = 3e-3) -> list[float]:

@@ -12,7 +12,8 @@ cd "$(dirname "$0")"
 OUT=${1:-dist}
 mkdir -p "$OUT"
 export NODE_PATH=${NODE_PATH:-/usr/share/nodejs}  # Debian's emscripten finds acorn there
-EXPORTS=$(grep -oE '^[a-z].*[ *]tg_[a-z0-9_]+\(' tinygpt.cpp | grep -oE 'tg_[a-z0-9_]+' | sed 's/^/_/' | paste -sd,)  # every tg_ function
+API=$(grep -oE '^[a-z].*[ *]tg_[a-z0-9_]+\(' tinygpt.cpp | grep -oE 'tg_[a-z0-9_]+')  # every tg_ function
+EXPORTS=$(sed 's/^/_/' <<<"$API" | paste -sd,)
 COMMON=(-O3 -std=c++17 -fno-exceptions -fno-rtti
   -sMODULARIZE=1 -sEXPORT_ES6=1 -sEXPORT_NAME=createTinyGPT -sENVIRONMENT=web,worker,node
   -sUSE_ES6_IMPORT_META=0 -sINITIAL_MEMORY=64MB -sALLOW_MEMORY_GROWTH=0 -sABORTING_MALLOC=0
@@ -34,5 +35,5 @@ emcc "${COMMON[@]}" -msimd128 -pthread -DTINYGPT_THREADS '-sPTHREAD_POOL_SIZE=Ma
 ZIG=(${PYTHON:-python3} -m ziglang)
 "${ZIG[@]}" c++ --target=wasm64-freestanding -O3 -std=c++17 -fno-exceptions -fno-rtti -msimd128 \
   -mbulk-memory -nostdinc++ -nostdlib++ -isystem freestanding -Wl,--no-entry -Wl,--strip-all \
-  $(grep -oE '^[a-z].*[ *]tg_[a-z0-9_]+\(' tinygpt.cpp | grep -oE 'tg_[a-z0-9_]+' | sed 's/^/-Wl,--export=/') \
+  $(sed 's/^/-Wl,--export=/' <<<"$API") \
   -Wl,--export=malloc -Wl,--export=free tinygpt.cpp freestanding/runtime.cpp -o "$OUT/tinygpt64.wasm"

@@ -96,13 +96,7 @@ def playwright():
 def wasm_oracle():
     """The PyTorch oracle's first 10 losses, computed here (not read from the page) from the
     trainer's initialisation on the batches the cell draws: from the first 65,536 training ids."""
-    import torch
-
     from posttrainllm import wasm
-    from posttrainllm.model import GPT
 
     config, _, ids = wasm.oracle_setup()
-    torch.manual_seed(0)
-    model = GPT(config)
-    wasm.load_flat(model, wasm.init_weights(config))
-    return wasm.oracle_losses(model, ids[: 1 << 16], 10, wasm.BATCH)
+    return wasm.oracle_losses(wasm.oracle_at_init(config), ids[: 1 << 16], 10, wasm.BATCH)

@@ -46,12 +46,6 @@ def dist(request):
 def oracle():
     """Module 7's config and training ids, and the oracle's losses over STEPS steps from the
     trainer's own initialisation on the trainer's batches."""
-    import torch
-
-    from posttrainllm.model import GPT
-
     config, _, ids = wasm.oracle_setup()
-    torch.manual_seed(0)
-    model = GPT(config)
-    wasm.load_flat(model, wasm.init_weights(config))
+    model = wasm.oracle_at_init(config)
     return {"config": config, "ids": ids, "losses": np.array(wasm.oracle_losses(model, ids, STEPS, wasm.BATCH))}

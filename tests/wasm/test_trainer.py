@@ -23,7 +23,7 @@ def test_committed_builds_are_what_the_source_builds(rebuilt):
 def test_initialisation_and_batches_match_their_numpy_replicas(dist, oracle):
     config, ids = oracle["config"], oracle["ids"]
     answer = wasm.run("simd", wasm.trainer_config(config), tokens=ids, token_seed=3, steps=5, seed=7, lr=0.0,
-                           dist=dist)
+                      dist=dist)
     np.testing.assert_array_equal(answer["params"], wasm.init_weights(config, seed=7))  # lr 0: still the init
     start = wasm.batch_starts(3, len(ids), config.block_size, wasm.BATCH, 5)[-1, 0]
     assert answer["last_batch"] == ids[start : start + config.block_size].tolist()
@@ -43,7 +43,7 @@ def test_one_step_matches_the_oracle_from_its_exported_weights(build, dist, orac
     x = np.stack([ids[s : s + config.block_size] for s in starts])
     y = np.stack([ids[s + 1 : s + 1 + config.block_size] for s in starts])
     answer = wasm.run(build, wasm.trainer_config(config), threads=THREADS[build],
-                           weights=wasm.weights_bytes(model), batch=(x, y), dist=dist)
+                      weights=wasm.weights_bytes(model), batch=(x, y), dist=dist)
     logits, loss = model(torch.from_numpy(x), torch.from_numpy(y))
     loss.backward()
     assert abs(answer["loss"] - loss.item()) < 1e-5
@@ -59,7 +59,7 @@ def test_one_step_matches_the_oracle_from_its_exported_weights(build, dist, orac
 @pytest.mark.parametrize("build", wasm.BUILDS)
 def test_loss_drift_after_100_steps_is_below_1e_3(build, dist, oracle):
     answer = wasm.run(build, wasm.trainer_config(oracle["config"]), threads=THREADS[build],
-                           tokens=oracle["ids"], steps=STEPS, dist=dist)
+                      tokens=oracle["ids"], steps=STEPS, dist=dist)
     assert answer["threads"] == THREADS[build]
     drift = np.abs(np.array(answer["losses"]) - oracle["losses"])
     assert drift.max() < 1e-3, f"{build}: loss drift {drift.max():.2e} (worst at step {drift.argmax() + 1})"
@@ -120,7 +120,7 @@ def test_the_benchmarked_gemm_is_exact_on_exactly_representable_inputs(build, di
     """Sizes off the 4 x 8 SIMD block, so the scalar edges run too; inputs are multiples of 1/8
     whose sums fp32 holds exactly, so any wrong product shows as a nonzero error."""
     answer = wasm.run(build, wasm.trainer_config(oracle["config"]), threads=THREADS[build],
-                           bench_gemm=([1, 37, 130], 1), dist=dist)
+                      bench_gemm=([1, 37, 130], 1), dist=dist)
     assert [g["n"] for g in answer["gemm"]] == [1, 37, 130]
     assert all(g["maxError"] == 0 and g["seconds"] > 0 for g in answer["gemm"])
 
