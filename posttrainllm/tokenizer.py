@@ -22,16 +22,22 @@ Conventions, all tested:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import os
+import re
 import tempfile
+import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from itertools import pairwise
 from pathlib import Path
 
-import regex
+try:
+    import regex
+except ImportError:  # in the browser (Pyodide) regex is a download away: the standard library's re stands in
+    regex = None
 
 # The pre-tokenisation patterns published with GPT-2 and with GPT-4's cl100k_base encoding.
 GPT2_SPLIT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -39,6 +45,10 @@ GPT4_SPLIT = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
 FORMAT = "posttrainllm-bpe v1"
+
+# What the regex module's \s matches (Unicode's White_Space property). The standard library's \s
+# also matches U+001C-U+001F, so it is spelled out rather than borrowed.
+_WHITE_SPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 
 Pair = tuple[int, int]
 
@@ -75,9 +85,93 @@ def pair_counts(words: dict[tuple[int, ...], int]) -> Counter:
     return counts
 
 
+@functools.cache
+def _category_ranges(major: str) -> str:
+    """Every code point whose Unicode category starts with ``major`` ("L", "N"), as the inside
+    of a character class: ``a-zA-Z...``. Built once from this Python's Unicode database."""
+    ranges, start = [], None
+    for cp in range(0x110001):
+        inside = cp < 0x110000 and unicodedata.category(chr(cp))[0] == major
+        if inside and start is None:
+            start = cp
+        elif not inside and start is not None:
+            ranges.append(f"\\U{start:08x}" if start == cp - 1 else f"\\U{start:08x}-\\U{cp - 1:08x}")
+            start = None
+    return "".join(ranges)
+
+
+def to_stdlib_pattern(pattern: str) -> str:
+    """Rewrite a split pattern for the standard library's ``re``, which has no ``\\p{...}``.
+
+    ``\\p{L}`` (letters) and ``\\p{N}`` (numbers) become explicit code-point ranges and ``\\s``
+    Unicode's White_Space set, inside or outside a character class; possessive quantifiers and
+    ``(?i:...)`` need no change (Python 3.11+). Other ``\\p`` properties raise ``ValueError``.
+    """
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            esc = pattern[i : i + 2]
+            if esc in ("\\p", "\\P"):
+                end = pattern.find("}", i)
+                name = pattern[i + 3 : end] if pattern[i + 2 : i + 3] == "{" and end > 0 else ""
+                if esc == "\\P" or name not in ("L", "N"):
+                    raise ValueError(
+                        f"cannot translate {pattern[i : end + 1] or esc!r} for the standard library's re: "
+                        "only \\p{L} and \\p{N} are supported (install the regex package for the others)"
+                    )
+                body = _category_ranges(name)
+                out.append(body if in_class else f"[{body}]")
+                i = end + 1
+                continue
+            if esc == "\\s":
+                out.append(_WHITE_SPACE if in_class else f"[{_WHITE_SPACE}]")
+            elif esc == "\\S":
+                if in_class:
+                    raise ValueError("cannot translate \\S inside a character class for the standard library's re")
+                out.append(f"[^{_WHITE_SPACE}]")
+            else:
+                out.append(esc)
+            i += 2
+            continue
+        if ch == "[" and not in_class:
+            in_class = True
+            # a "]" straight after "[" or "[^" is a literal, not the end of the class
+            j = i + 2 if pattern[i + 1 : i + 2] == "^" else i + 1
+            if pattern[j : j + 1] == "]":
+                j += 1
+            out.append(pattern[i:j])
+            i = j
+            continue
+        if ch == "]" and in_class:
+            in_class = False
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+@functools.cache
+def compile_pattern(pattern: str, engine: str = "auto"):
+    """The compiled split pattern: with the regex package when it is installed (``engine="auto"``
+    or ``"regex"``), else with the standard library's re after :func:`to_stdlib_pattern`
+    (``engine="re"``). Both split every text the same way (tests/unit/test_tokenizer_split.py)."""
+    if engine not in ("auto", "regex", "re"):
+        raise ValueError(f"unknown regex engine {engine!r}: use 'auto', 'regex' or 're'")
+    if engine == "regex" or (engine == "auto" and regex is not None):
+        if regex is None:
+            raise ImportError("the regex package is not installed: pip install regex, or use engine='re'")
+        return regex.compile(pattern)
+    return re.compile(to_stdlib_pattern(pattern))
+
+
+def pretokenize(text: str, pattern: str = GPT4_SPLIT) -> list[str]:
+    """The pre-tokens of ``text``: the pieces BPE merges within, never across."""
+    return compile_pattern(pattern).findall(text)
+
+
 def _count_chunk(args: tuple[str, str]) -> Counter:
     pattern, chunk = args
-    return Counter(regex.findall(pattern, chunk))
+    return Counter(pretokenize(chunk, pattern))
 
 
 def _split_lines(text: str, parts: int) -> list[str]:
@@ -99,7 +193,7 @@ def count_words(texts: Iterable[str] | str, pattern: str = GPT4_SPLIT, processes
     ``processes > 1`` splits each chunk at line breaks across worker processes; the counts
     are the same, only faster on a multi-core machine.
     """
-    compiled = regex.compile(pattern)
+    compiled = compile_pattern(pattern)
     counts: Counter = Counter()
     pool = None
     if processes > 1:
@@ -221,7 +315,7 @@ class Tokenizer:
     def __init__(self, merges: list[Pair], pattern: str = GPT4_SPLIT, special_tokens: dict[str, int] | None = None):
         self.merges = list(merges)
         self.pattern = pattern
-        self._split = regex.compile(pattern)
+        self._split = compile_pattern(pattern)
         self.ranks = {pair: 256 + i for i, pair in enumerate(self.merges)}
         self.vocab = [bytes([b]) for b in range(256)]
         for a, b in self.merges:
@@ -232,7 +326,7 @@ class Tokenizer:
                 raise ValueError(f"special token {name!r} has id {token_id}, which a merge already uses")
         self._special_ids = {i: s.encode("utf-8") for s, i in self.special_tokens.items()}
         self._special_split = (
-            regex.compile("(" + "|".join(map(regex.escape, sorted(self.special_tokens, key=len, reverse=True))) + ")")
+            re.compile("(" + "|".join(map(re.escape, sorted(self.special_tokens, key=len, reverse=True))) + ")")
             if self.special_tokens
             else None
         )

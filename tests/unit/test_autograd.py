@@ -156,3 +156,14 @@ def test_softplus_gate_accepts_a_correct_rule_and_catches_assignment_instead_of_
     failures = mastery.check_backward_rule(make(overwrites)).failures
     assert failures and all("softplus(x) * x + x" in f for f in failures)
     assert not mastery.check_backward_rule(lambda x: np.log1p(np.exp(x.data)))
+
+
+@pytest.mark.parametrize("x0", [-3.0, -0.5, 0.0, 2.5, 7.0])
+def test_the_softplus_gates_closed_form_answers_are_pytorchs(x0):
+    for shape, (value, grad) in mastery.softplus_reference(x0).items():
+        x = torch.tensor(x0, dtype=torch.float64, requires_grad=True)
+        sp = torch.nn.functional.softplus(x)
+        out = sp if shape == "softplus(x)" else sp * x + x
+        out.backward()
+        assert value == pytest.approx(out.item(), abs=1e-12)
+        assert grad == pytest.approx(x.grad.item(), abs=1e-12)

@@ -1,0 +1,116 @@
+"""Run a notebook's browser edition under CPython with what Pyodide lacks blocked, and compare
+each cell's text output with the one stored in the full notebook (nbval's sanitising rules).
+
+`python -m tests.book.lite_check notebooks/04-backprop.ipynb` prints the cells that differ,
+which is how a maintainer finds the cells to tag ``not-in-pyodide``.
+"""
+
+from __future__ import annotations
+
+import configparser
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+from posttrainllm import lite
+
+ROOT = Path(__file__).resolve().parents[2]
+# Pyodide has no such module: a finder that refuses the names, which also leaves them out of
+# sys.modules (IPython imports numpy for its printers whenever "numpy" is in sys.modules).
+# regex is a Pyodide build, not loaded unless a cell imports it: the tokenizer uses re there.
+BLOCK = """\
+import sys
+
+class _Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {names!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (not in Pyodide)", name=name)
+
+sys.meta_path.insert(0, _Absent())
+assert not [m for m in sys.modules if m.split(".")[0] in {names!r}], "imported before the block"
+"""
+
+
+def _sanitizers() -> list[tuple[re.Pattern, str]]:
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "notebooks" / "sanitize.cfg")
+    return [(re.compile(cfg[s]["regex"]), cfg[s]["replace"]) for s in cfg.sections()]
+
+
+def text_of(outputs: list) -> str:
+    """A cell's outputs as nbval compares them: streams, errors and text/plain, sanitised."""
+    parts = []
+    for out in outputs:
+        data = out.get("data", {})
+        if out["output_type"] == "stream":
+            parts.append(out["text"])
+        elif out["output_type"] == "error":
+            parts.append(f"{out['ename']}: {out['evalue']}")
+        elif "text/plain" in data and "application/vnd.jupyter.widget-view+json" not in data:
+            parts.append(data["text/plain"])
+    # stored JSON may hold a text as a list of lines
+    text = "".join("".join(p) if isinstance(p, list) else p for p in parts)
+    for pattern, replace in _sanitizers():
+        text = pattern.sub(replace, text)
+    return text
+
+
+def run_edition(path: Path, blocked: tuple[str, ...] = (*lite.ABSENT, "regex")) -> list[str]:
+    """Differences between the browser edition's outputs under CPython and the stored ones."""
+    nb = nbformat.read(path, as_version=4)
+    stored = {c.id: text_of(c.outputs) for c in nb.cells if c.cell_type == "code"}
+    edition = nbformat.from_dict(lite.edition(nb))
+    edition.cells.insert(0, nbformat.v4.new_code_cell(BLOCK.format(names=blocked)))
+    client = NotebookClient(edition, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    try:
+        client.execute()
+    except CellExecutionError as err:
+        return [f"a cell failed: {str(err).strip().splitlines()[-1]}"]
+    return [
+        f"cell {cell.id}: got {text_of(cell.outputs)[:300]!r}, stored {stored[cell.id][:300]!r}"
+        for cell in edition.cells[1:]
+        if cell.cell_type == "code" and cell.id in stored and text_of(cell.outputs) != stored[cell.id]
+    ]
+
+
+PURE_SOURCES = ("04-backprop", "06-tokenization")
+
+
+def pure_notebook() -> tuple[nbformat.NotebookNode, list[str]]:
+    """One notebook of the ``pure-python`` cells of modules 4 and 6 (outputs cleared) and the
+    text each cell stored in its own notebook."""
+    cells, expected = [], []
+    for stem in PURE_SOURCES:
+        for cell in lite.pure_cells(nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)):
+            cells.append(nbformat.v4.new_code_cell(cell.source, id=cell.id))
+            expected.append(text_of(cell.outputs))
+    return nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": lite.KERNELSPEC}), expected
+
+
+def run_pure() -> list[str]:
+    """Differences from the stored outputs when the pure notebook runs with numpy, matplotlib
+    and every library outside the standard library and posttrainllm blocked."""
+    nb, expected = pure_notebook()
+    nb.cells.insert(0, nbformat.v4.new_code_cell(BLOCK.format(names=(*lite.ABSENT, "regex", *lite.CDN_PACKAGES))))
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}})
+    try:
+        client.execute()
+    except CellExecutionError as err:
+        return [f"a cell failed: {str(err).strip().splitlines()[-1]}"]
+    return [
+        f"cell {cell.id}: got {text_of(cell.outputs)[:300]!r}, stored {want[:300]!r}"
+        for cell, want in zip(nb.cells[1:], expected, strict=True)
+        if text_of(cell.outputs) != want
+    ]
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["pure"]:
+        print(*run_pure() or ["the pure-python cells run as stored"], sep="\n  ")
+    else:
+        for arg in sys.argv[1:]:
+            print(arg, *run_edition(Path(arg)) or ["as stored"], sep="\n  ")
