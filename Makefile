@@ -6,6 +6,7 @@ BIN    := $(VENV)/bin
 SERVE  ?= 1
 PORT   ?= 8000
 VENDOR := _build/vendor
+LITE_WHEELS := _build/lite-wheels/.installed
 STRICT := --all -W -n --keep-going
 
 .PHONY: book test lab install vendor notebooks lint clean wasm
@@ -30,7 +31,13 @@ $(VENDOR)/.installed: package.json package-lock.json
 	  -exec cp {} $(VENDOR)/html-manager/ \;
 	touch $@
 
-vendor: $(VENDOR)/.installed
+# The browser editions' pure-Python wheels (IPython, micropip, ipywidgets, ...), served by the
+# book's JupyterLite site so its Pyodide kernel starts with no network (book/_ext/lite_site.py).
+$(LITE_WHEELS): $(VENV)/.installed $(VENDOR)/.installed book/_ext/lite_site.py
+	$(BIN)/python book/_ext/lite_site.py wheels
+	touch $@
+
+vendor: $(VENDOR)/.installed $(LITE_WHEELS)
 
 # --- the two commands ----------------------------------------------------------------------
 book: install vendor

@@ -88,7 +88,7 @@ async def load(*packages: str) -> None:
         where = "with pip (they are in this package's dependencies)"
     missing = _missing(packages)
     if missing:
-        cause = f" The browser said: {errors[0]}" if errors else ""
+        cause = f" The browser said: {' '.join(errors)[:400]}" if errors else ""
         raise RuntimeError(
             f"could not load {', '.join(missing)} {where}. This notebook needs the network once to "
             "download them; offline, only the pure-Python parts of the book run here (module 4's "

@@ -19,7 +19,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from posttrainllm import coverage, study
+import lite_site
+from docutils import nodes
+
+from posttrainllm import coverage, lite, study
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMES = ROOT / "_build" / "reports" / "notebook-times.json"
@@ -132,6 +135,32 @@ def drop_duplicate_scripts(app, pagename, templatename, context, doctree) -> Non
     context["script_files"] = unique
 
 
+RUN_IN_BROWSER = """<div class="admonition tip ptl-lite"><p class="admonition-title">Run in your browser</p>
+<p><a class="ptl-lite-link" href="{href}">Open this module's browser edition</a>: JupyterLite runs it in
+this tab on Pyodide (Python compiled to WebAssembly), with no install and no server. Cells that need
+PyTorch, tiktoken or wgpu-py are left out, and numpy and matplotlib are downloaded once from the
+Pyodide CDN, so the first visit needs the network. <a href="{page}">What runs in the browser</a>.</p></div>"""
+NEEDS_PYTORCH = """<div class="admonition note ptl-lite-note"><p class="admonition-title">Needs PyTorch</p>
+<p>This module trains with PyTorch throughout, and PyTorch does not run in the browser, so it has no
+browser edition: run it locally (<code>make lab</code>) or on Colab (the launch button at the top of
+the page). <a href="{page}">What runs in the browser</a>.</p></div>"""
+
+
+def add_browser_links(app, doctree) -> None:
+    """A notebook page says, under its title, whether it runs in the browser (posttrainllm.lite)."""
+    docname = app.env.docname
+    if not docname.startswith("notebooks/") or not doctree.next_node(nodes.section):
+        return
+    stem, up = docname.split("/")[-1], "../" * docname.count("/")
+    page = f"{up}book/in-your-browser.html"
+    if stem in lite.IN_BROWSER:
+        html = RUN_IN_BROWSER.format(href=f"{up}lite/notebooks/index.html?path=notebooks/{stem}.ipynb", page=page)
+    else:
+        html = NEEDS_PYTORCH.format(page=page)
+    section = doctree.next_node(nodes.section)
+    section.insert(1, nodes.raw("", html, format="html"))
+
+
 def encrypt_kernel_channels() -> None:
     from jupyter_client.manager import KernelManager
 
@@ -142,4 +171,6 @@ def setup(app):
     encrypt_kernel_channels()
     app.connect("source-read", on_source_read)
     app.connect("html-page-context", drop_duplicate_scripts)
+    app.connect("doctree-read", add_browser_links)
+    app.connect("build-finished", lite_site.on_build_finished)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

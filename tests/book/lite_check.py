@@ -59,22 +59,27 @@ def text_of(outputs: list) -> str:
     return text
 
 
-def run_edition(path: Path, blocked: tuple[str, ...] = (*lite.ABSENT, "regex")) -> list[str]:
-    """Differences between the browser edition's outputs under CPython and the stored ones."""
-    nb = nbformat.read(path, as_version=4)
-    stored = {c.id: text_of(c.outputs) for c in nb.cells if c.cell_type == "code"}
-    edition = nbformat.from_dict(lite.edition(nb))
-    edition.cells.insert(0, nbformat.v4.new_code_cell(BLOCK.format(names=blocked)))
-    client = NotebookClient(edition, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+def _run_blocked(nb: nbformat.NotebookNode, stored: dict[str, str], blocked: tuple[str, ...]) -> list[str]:
+    """Execute ``nb`` in notebooks/ with ``blocked`` refused; the cells whose text differs from
+    ``stored`` (by cell id), or the first cell that failed."""
+    nb.cells.insert(0, nbformat.v4.new_code_cell(BLOCK.format(names=blocked)))
+    resources = {"metadata": {"path": str(ROOT / "notebooks")}}
     try:
-        client.execute()
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources=resources).execute()
     except CellExecutionError as err:
         return [f"a cell failed: {str(err).strip().splitlines()[-1]}"]
     return [
         f"cell {cell.id}: got {text_of(cell.outputs)[:300]!r}, stored {stored[cell.id][:300]!r}"
-        for cell in edition.cells[1:]
-        if cell.cell_type == "code" and cell.id in stored and text_of(cell.outputs) != stored[cell.id]
+        for cell in nb.cells[1:]
+        if cell.id in stored and text_of(cell.outputs) != stored[cell.id]
     ]
+
+
+def run_edition(path: Path) -> list[str]:
+    """Differences between the browser edition's outputs under CPython and the stored ones."""
+    nb = nbformat.read(path, as_version=4)
+    stored = {c.id: text_of(c.outputs) for c in nb.cells if c.cell_type == "code"}
+    return _run_blocked(nbformat.from_dict(lite.edition(nb)), stored, (*lite.ABSENT, "regex"))
 
 
 PURE_SOURCES = ("04-backprop", "06-tokenization")
@@ -95,17 +100,8 @@ def run_pure() -> list[str]:
     """Differences from the stored outputs when the pure notebook runs with numpy, matplotlib
     and every library outside the standard library and posttrainllm blocked."""
     nb, expected = pure_notebook()
-    nb.cells.insert(0, nbformat.v4.new_code_cell(BLOCK.format(names=(*lite.ABSENT, "regex", *lite.CDN_PACKAGES))))
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}})
-    try:
-        client.execute()
-    except CellExecutionError as err:
-        return [f"a cell failed: {str(err).strip().splitlines()[-1]}"]
-    return [
-        f"cell {cell.id}: got {text_of(cell.outputs)[:300]!r}, stored {want[:300]!r}"
-        for cell, want in zip(nb.cells[1:], expected, strict=True)
-        if text_of(cell.outputs) != want
-    ]
+    stored = {cell.id: want for cell, want in zip(nb.cells, expected, strict=True)}
+    return _run_blocked(nb, stored, (*lite.ABSENT, "regex", *lite.CDN_PACKAGES))
 
 
 if __name__ == "__main__":
