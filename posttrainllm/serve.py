@@ -3,6 +3,11 @@
 The headers make the page *cross-origin isolated* (``crossOriginIsolated === true``), which
 WebAssembly threads need for ``SharedArrayBuffer``. ``make book`` and the browser tests both
 use this server, so what the tests load is what a reader gets.
+
+The browser editions' JupyterLite site and the page that embeds its REPL are served without
+them (:data:`NOT_ISOLATED`): isolated, the Pyodide kernel of jupyterlite-pyodide-kernel 0.8.6
+now and then never answers a cell (it switches to a SharedArrayBuffer channel), while without
+isolation it runs through its own service worker, as on any static host.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ ISOLATION_HEADERS = {
     "Cross-Origin-Resource-Policy": "same-origin",
 }
 
+NOT_ISOLATED = ("/lite/", "/book/in-your-browser.html")
+
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
     extensions_map = {
@@ -27,8 +34,9 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     }
 
     def end_headers(self) -> None:
-        for name, value in ISOLATION_HEADERS.items():
-            self.send_header(name, value)
+        if not self.path.startswith(NOT_ISOLATED):
+            for name, value in ISOLATION_HEADERS.items():
+                self.send_header(name, value)
         self.send_header("Cache-Control", "no-cache")
         super().end_headers()
 

@@ -68,23 +68,29 @@ def plain_site(built_book):
     server.server_close()
 
 
+def block_other_hosts(context) -> list[str]:
+    """Abort every request of ``context`` that would leave 127.0.0.1; returns the list of their URLs."""
+    external = []
+
+    def gate(route):
+        url = route.request.url
+        if url.startswith(("data:", "blob:")) or urlparse(url).hostname == "127.0.0.1":
+            route.continue_()
+        else:
+            external.append(url)
+            route.abort()
+
+    context.route("**/*", gate)
+    return external
+
+
 def _visitor(browser, base):
     """Open a page; return (page, console errors, requests that tried to leave 127.0.0.1)."""
     opened = []
 
     def _visit(path):
         context = browser.new_context()
-        external, errors = [], []
-
-        def gate(route):
-            url = route.request.url
-            if url.startswith(("data:", "blob:")) or urlparse(url).hostname == "127.0.0.1":
-                route.continue_()
-            else:
-                external.append(url)
-                route.abort()
-
-        context.route("**/*", gate)
+        external, errors = block_other_hosts(context), []
         page = context.new_page()
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))

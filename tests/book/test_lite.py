@@ -4,14 +4,13 @@ with every request that would leave 127.0.0.1 blocked."""
 
 import json
 import re
-from urllib.parse import urlparse
 
 import pytest
 
 from posttrainllm import lite
 from tests.book.conftest import BUILD
 from tests.book.lite_check import pure_notebook, run_edition, run_pure, text_of
-from tests.book.test_browser import FLAGS, _launch
+from tests.book.test_browser import FLAGS, _launch, block_other_hosts
 from tests.conftest import ROOT
 
 NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
@@ -72,17 +71,7 @@ def offline(playwright, site):
 
     def open_page(path):
         context = browser.new_context()
-        external = []
-
-        def gate(route):
-            url = route.request.url
-            if url.startswith(("data:", "blob:")) or urlparse(url).hostname == "127.0.0.1":
-                route.continue_()
-            else:
-                external.append(url)
-                route.abort()
-
-        context.route("**/*", gate)
+        external = block_other_hosts(context)
         contexts.append(context)
         page = context.new_page()
         page.goto(f"{site}/{path}")
@@ -110,7 +99,10 @@ def test_the_pure_python_cells_run_offline_in_pyodide_as_stored(offline):
         nb,
     )
     _wait_for_kernel(page)
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    # served without isolation headers (posttrainllm.serve.NOT_ISOLATED), as on a static host
+    assert page.evaluate("() => crossOriginIsolated") is False
+    # not awaited here: the wait below bounds it
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     outputs = page.wait_for_function(
         """(n) => { const w = window.jupyterapp.shell.currentWidget; const k = w.sessionContext.session.kernel;
              const cells = [...w.content.model.cells];

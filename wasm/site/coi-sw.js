@@ -11,9 +11,16 @@
 self.addEventListener("install", () => self.skipWaiting());
 self.addEventListener("activate", (event) => event.waitUntil(self.clients.claim()));
 
+// Left alone, as posttrainllm/serve.py leaves them: the JupyterLite site (its Pyodide kernel is
+// unreliable when isolated) and the page that embeds its REPL.
+const NOT_ISOLATED = ["lite/", "book/in-your-browser.html"];
+
 self.addEventListener("fetch", (event) => {
   const request = event.request;
-  if (new URL(request.url).origin !== self.location.origin) return;  // the book loads nothing else
+  const url = new URL(request.url);
+  if (url.origin !== self.location.origin) return;  // the book loads nothing else
+  const path = url.pathname.slice(new URL(self.registration.scope).pathname.length);
+  if (NOT_ISOLATED.some((prefix) => path.startsWith(prefix))) return;
   if (request.cache === "only-if-cached" && request.mode !== "same-origin") return;
   event.respondWith(fetch(request).then((response) => {
     if (response.status === 0) return response;  // opaque: nothing to add headers to
