@@ -71,7 +71,7 @@ def _run_blocked(nb: nbformat.NotebookNode, stored: dict[str, str], blocked: tup
     return [
         f"cell {cell.id}: got {text_of(cell.outputs)[:300]!r}, stored {stored[cell.id][:300]!r}"
         for cell in nb.cells[1:]
-        if cell.id in stored and text_of(cell.outputs) != stored[cell.id]
+        if cell.cell_type == "code" and cell.id in stored and text_of(cell.outputs) != stored[cell.id]
     ]
 
 
