@@ -149,7 +149,8 @@ the page). <a href="{page}">What runs in the browser</a>.</p></div>"""
 def add_browser_links(app, doctree) -> None:
     """A notebook page says, under its title, whether it runs in the browser (posttrainllm.lite)."""
     docname = app.env.docname
-    if not docname.startswith("notebooks/") or not doctree.next_node(nodes.section):
+    section = doctree.next_node(nodes.section)
+    if not docname.startswith("notebooks/") or section is None:
         return
     stem, up = docname.split("/")[-1], "../" * docname.count("/")
     page = f"{up}book/in-your-browser.html"
@@ -157,7 +158,6 @@ def add_browser_links(app, doctree) -> None:
         html = RUN_IN_BROWSER.format(href=f"{up}lite/notebooks/index.html?path=notebooks/{stem}.ipynb", page=page)
     else:
         html = NEEDS_PYTORCH.format(page=page)
-    section = doctree.next_node(nodes.section)
     section.insert(1, nodes.raw("", html, format="html"))
 
 

@@ -8,6 +8,7 @@ which is how a maintainer finds the cells to tag ``not-in-pyodide``.
 from __future__ import annotations
 
 import configparser
+import functools
 import re
 import sys
 from pathlib import Path
@@ -35,6 +36,7 @@ assert not [m for m in sys.modules if m.split(".")[0] in {names!r}], "imported b
 """
 
 
+@functools.cache
 def _sanitizers() -> list[tuple[re.Pattern, str]]:
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "notebooks" / "sanitize.cfg")
