@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 export NODE_PATH=${NODE_PATH:-/usr/share/nodejs}  # Debian's emscripten finds acorn there
 API=$(grep -oE '^[a-z].*[ *]tg_[a-z0-9_]+\(' tinygpt.cpp | grep -oE 'tg_[a-z0-9_]+')  # every tg_ function
 EXPORTS=$(sed 's/^/_/' <<<"$API" | paste -sd,)
-COMMON=(-O3 -std=c++17 -fno-exceptions -fno-rtti
+COMMON=(-O3 -std=c++20 -fno-exceptions -fno-rtti
   -sMODULARIZE=1 -sEXPORT_ES6=1 -sEXPORT_NAME=createTinyGPT -sENVIRONMENT=web,worker,node
   -sUSE_ES6_IMPORT_META=0 -sINITIAL_MEMORY=64MB -sALLOW_MEMORY_GROWTH=0 -sABORTING_MALLOC=0
   --extern-pre-js node_shim.js
@@ -33,7 +33,7 @@ emcc "${COMMON[@]}" -msimd128 -pthread -DTINYGPT_THREADS '-sPTHREAD_POOL_SIZE=Ma
 # and C++ pieces the trainer uses come from freestanding/. It runs in wasmtime (the tests) and
 # in browsers with Memory64; node 20 cannot load it.
 ZIG=(${PYTHON:-python3} -m ziglang)
-"${ZIG[@]}" c++ --target=wasm64-freestanding -O3 -std=c++17 -fno-exceptions -fno-rtti -msimd128 \
+"${ZIG[@]}" c++ --target=wasm64-freestanding -O3 -std=c++20 -fno-exceptions -fno-rtti -msimd128 \
   -mbulk-memory -nostdinc++ -nostdlib++ -isystem freestanding -Wl,--no-entry -Wl,--strip-all \
   $(sed 's/^/-Wl,--export=/' <<<"$API") \
   -Wl,--export=malloc -Wl,--export=free tinygpt.cpp freestanding/runtime.cpp -o "$OUT/tinygpt64.wasm"

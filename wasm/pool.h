@@ -1,7 +1,10 @@
-// A fixed pool of worker threads for data-parallel loops: parallel_for(n, fn) splits [0, n) into
-// one contiguous chunk per thread and runs them at once. The calling thread takes the first
-// chunk itself instead of waiting in join(): on a two-core machine a caller that only waits
-// leaves half the machine idle (the study queue's threads gotcha).
+// A fixed pool of worker threads for data-parallel loops: parallel_for(n, fn) cuts [0, n) into
+// a few contiguous chunks per thread, which the threads take in turn until none is left, so a
+// thread that is slowed down (another process on its core) takes fewer instead of holding up
+// the rest. The calling thread takes chunks too instead of waiting in join(): on a two-core
+// machine a caller that only waits leaves half the machine idle (the study queue's threads
+// gotcha). Which thread runs a chunk never changes what it computes: every loop the trainer hands
+// the pool writes each output from one chunk only, in the same order.
 //
 // Under Emscripten the worker threads are Web Workers sharing the module's memory; the build
 // pre-spawns them (-sPTHREAD_POOL_SIZE) because a worker cannot start a new one synchronously.
@@ -30,7 +33,7 @@ class Pool {
 class Pool {
  public:
   explicit Pool(int threads) : threads_(threads < 1 ? 1 : threads) {
-    for (int id = 1; id < threads_; ++id) workers_.emplace_back([this, id] { serve(id); });
+    for (int id = 1; id < threads_; ++id) workers_.emplace_back([this] { serve(); });
   }
 
   ~Pool() {
@@ -53,13 +56,15 @@ class Pool {
     }
     job_ = &fn;
     n_ = n;
+    chunks_ = n < CHUNKS * threads_ ? n : CHUNKS * threads_;
+    next_.store(0, std::memory_order_relaxed);
     pending_.store(threads_ - 1, std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       generation_.fetch_add(1, std::memory_order_release);
     }
     if (sleepers_.load() > 0) wake_.notify_all();
-    run_chunk(0);
+    run_chunks();
     while (pending_.load(std::memory_order_acquire) != 0) {
     }
   }
@@ -69,14 +74,17 @@ class Pool {
   // each would pay a wake-up (an Atomics.wait round trip in the browser) every time, so it
   // spins a little first and sleeps only when no work comes.
   static constexpr int SPINS = 1 << 18;
+  static constexpr int CHUNKS = 8;  // per thread
 
-  void run_chunk(int id) {
-    int begin = static_cast<int>(static_cast<long long>(n_) * id / threads_);
-    int end = static_cast<int>(static_cast<long long>(n_) * (id + 1) / threads_);
-    if (begin < end) (*job_)(begin, end);
+  void run_chunks() {
+    for (int c; (c = next_.fetch_add(1, std::memory_order_relaxed)) < chunks_;) {
+      int begin = static_cast<int>(static_cast<long long>(n_) * c / chunks_);
+      int end = static_cast<int>(static_cast<long long>(n_) * (c + 1) / chunks_);
+      (*job_)(begin, end);
+    }
   }
 
-  void serve(int id) {
+  void serve() {
     unsigned seen = 0;
     for (;;) {
       unsigned now = generation_.load(std::memory_order_acquire);
@@ -90,7 +98,7 @@ class Pool {
       }
       seen = now;
       if (stopping_) return;
-      run_chunk(id);
+      run_chunks();
       pending_.fetch_sub(1, std::memory_order_release);
     }
   }
@@ -100,8 +108,8 @@ class Pool {
   std::mutex mutex_;
   std::condition_variable wake_;
   const std::function<void(int, int)>* job_ = nullptr;
-  int n_ = 0;
-  std::atomic<int> pending_{0}, sleepers_{0};
+  int n_ = 0, chunks_ = 0;
+  std::atomic<int> next_{0}, pending_{0}, sleepers_{0};
   std::atomic<unsigned> generation_{0};
   std::atomic<bool> stopping_{false};
 };

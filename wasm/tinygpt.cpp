@@ -19,6 +19,10 @@
 #include "kernels.h"
 #include "pool.h"
 
+// The order in which a loop adds up a row's sum is engineering (the loss drift measures it):
+// this lets the compiler vectorise the sums in the loops that follow it.
+#define REORDERED_SUMS _Pragma("clang fp reassociate(on)")
+
 namespace {
 
 struct Config {
@@ -137,6 +141,7 @@ void layernorm(Model& md, float* out, float* mean, float* rstd, const float* x, 
                int rows) {
   const int C = md.cfg.embd;
   md.pool->parallel_for(rows, [&](int s, int e) {
+    REORDERED_SUMS;
     for (int r = s; r < e; ++r) {
       const float* xr = x + static_cast<long>(r) * C;
       float mu = 0.0f, var = 0.0f;
@@ -168,41 +173,49 @@ void rows_parallel(Model& md, int rows, const Fn& fn) {
 void linear(Model& md, float* out, const float* in, const Tensor& w, const Tensor* b, int rows) {
   const int N = w.rows, K = static_cast<int>(w.size / w.rows);
   const float* B = b ? at(md, *b) : nullptr;
-  kernels::transpose(md.wt, at(md, w), N, K);
-  rows_parallel(md, rows, [&](int s, int e) { kernels::gemm(out, {in, K, 1}, md.wt, B, N, K, false, s, e); });
+  md.pool->parallel_for(K, [&](int s, int e) {  // W^T's rows [s, e): W's columns [s, e)
+    kernels::transpose(md.wt + static_cast<long>(s) * N, at(md, w) + s, N, e - s, K);
+  });
+  const kernels::Product g{.c = out, .ldc = N, .a = {in, K, 1}, .b = md.wt, .ldb = N, .N = N, .P = K, .bias = B};
+  rows_parallel(md, rows, [&](int s, int e) { kernels::gemm(g, s, e); });
 }
 
+// The rows [i, i + 4) of a causal T x T score matrix need its first i + 4 columns, rounded up to
+// the SIMD kernel's 8 (the extra ones are masked).
+int causal_columns(int i, int T) { return (i + 11) / 8 * 8 < T ? (i + 11) / 8 * 8 : T; }
+int causal_end(int i, int T) { return i + 4 < T ? i + 4 : T; }
+
 // Causal attention for every (sequence, head): softmax(q k^T / sqrt(d)) v, probabilities kept.
+// Each (sequence, head) is two small products on the SIMD kernel, row block by row block so that
+// the masked half is mostly skipped: S = Q K^T, a softmax of each row of S in place, Y = P V.
 void attention(Model& md, float* y, float* att, const float* qkv, int B, int T) {
   const int C = md.cfg.embd, H = md.cfg.heads, hs = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   md.pool->parallel_for(B * H, [&](int s, int e) {
+    std::vector<float> kt(static_cast<size_t>(hs) * T);
     for (int u = s; u < e; ++u) {
       int b = u / H, h = u % H;
+      const float* q = qkv + static_cast<long>(b) * T * 3 * C + h * hs;  // row t of this head's Q at q + t 3C
+      const float *k = q + C, *v = q + 2 * C;
+      float* p = att + static_cast<long>(u) * T * T;
+      kernels::transpose(kt.data(), k, T, hs, 3 * C);
+      for (int i = 0; i < T; i += 4)
+        kernels::gemm({.c = p, .ldc = T, .a = {q, 3 * C, 1}, .b = kt.data(), .ldb = T, .N = causal_columns(i, T),
+                       .P = hs},
+                      i, causal_end(i, T));
       for (int i = 0; i < T; ++i) {
-        const float* q = qkv + (static_cast<long>(b) * T + i) * 3 * C + h * hs;
-        float* p = att + (static_cast<long>(u) * T + i) * T;
-        float peak = -INFINITY;
-        for (int j = 0; j <= i; ++j) {
-          const float* k = qkv + (static_cast<long>(b) * T + j) * 3 * C + C + h * hs;
-          p[j] = kernels::vdot(q, k, hs) * scale;
-          if (p[j] > peak) peak = p[j];
-        }
-        float total = 0.0f;
-        for (int j = 0; j <= i; ++j) total += (p[j] = std::exp(p[j] - peak));
-        for (int j = 0; j <= i; ++j) p[j] /= total;
-        for (int j = i + 1; j < T; ++j) p[j] = 0.0f;
-        float* out = y + (static_cast<long>(b) * T + i) * C + h * hs;
-        for (int d = 0; d < hs; ++d) out[d] = 0.0f;
-        for (int j = 0; j <= i; ++j) kernels::axpy(out, qkv + (static_cast<long>(b) * T + j) * 3 * C + 2 * C + h * hs, p[j], hs);
+        float* row = p + static_cast<long>(i) * T;
+        for (int j = 0; j <= i; ++j) row[j] *= scale;
+        float total = kernels::exp_shifted(row, row, kernels::vmax(row, i + 1), i + 1);
+        for (int j = 0; j <= i; ++j) row[j] /= total;
+        for (int j = i + 1; j < T; ++j) row[j] = 0.0f;
       }
+      for (int i = 0; i < T; i += 4)
+        kernels::gemm({.c = y + static_cast<long>(b) * T * C + h * hs, .ldc = C, .a = {p, T, 1}, .b = v, .ldb = 3 * C,
+                       .N = hs, .P = causal_end(i, T)},
+                      i, causal_end(i, T));
     }
   });
-}
-
-float gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }  // torch's exact GELU
-float gelu_grad(float x) {
-  return 0.5f * (1.0f + std::erf(x * 0.70710678118654752f)) + x * std::exp(-0.5f * x * x) * 0.39894228040143268f;
 }
 
 // Logits (rows x vocab) for the tokens in md.x; with targets, the mean cross-entropy.
@@ -225,7 +238,7 @@ float forward(Model& md, int B, int T, bool targets) {
     layernorm(md, a.ln2, a.ln2_mean, a.ln2_rstd, a.x2, at(md, L.ln2_w), at(md, L.ln2_b), rows);
     linear(md, a.h, a.ln2, L.up_w, &L.up_b, rows);
     md.pool->parallel_for(rows, [&](int s, int e) {
-      for (long i = static_cast<long>(s) * 4 * C; i < static_cast<long>(e) * 4 * C; ++i) a.g[i] = gelu(a.h[i]);
+      kernels::gelu(a.g + static_cast<long>(s) * 4 * C, a.h + static_cast<long>(s) * 4 * C, static_cast<long>(e - s) * 4 * C);
     });
     linear(md, next, a.g, L.down_w, &L.down_b, rows);
     add_into(md, next, a.x2, rows, C);
@@ -238,9 +251,7 @@ float forward(Model& md, int B, int T, bool targets) {
     for (int r = s; r < e; ++r) {
       const float* z = md.logits + static_cast<long>(r) * V;
       float* p = md.probs + static_cast<long>(r) * V;
-      float peak = -INFINITY, total = 0.0f;
-      for (int i = 0; i < V; ++i) peak = z[i] > peak ? z[i] : peak;
-      for (int i = 0; i < V; ++i) total += (p[i] = std::exp(z[i] - peak));
+      float total = kernels::exp_shifted(p, z, kernels::vmax(z, V), V);
       for (int i = 0; i < V; ++i) p[i] /= total;
       md.row_loss[r] = -std::log(p[md.y[r]]);
     }
@@ -252,12 +263,12 @@ float forward(Model& md, int B, int T, bool targets) {
 
 // ---- backward pieces --------------------------------------------------------------------------
 
-// dx += d(layernorm)/dx . dout, in parallel over rows; then dw, db += their gradients, in
-// parallel over columns (so no two threads add into the same gain).
+// dx += d(layernorm)/dx . dout, in parallel over rows; then dw, db += their gradients.
 void layernorm_backward(Model& md, float* dx, float* dw, float* db, const float* dout, const float* x,
                         const float* mean, const float* rstd, const float* w, int rows) {
   const int C = md.cfg.embd;
   md.pool->parallel_for(rows, [&](int s, int e) {
+    REORDERED_SUMS;
     for (int r = s; r < e; ++r) {
       const float *d = dout + static_cast<long>(r) * C, *xr = x + static_cast<long>(r) * C;
       float mean_dxhat = 0.0f, mean_dxhat_xhat = 0.0f;
@@ -275,15 +286,16 @@ void layernorm_backward(Model& md, float* dx, float* dw, float* db, const float*
       }
     }
   });
-  md.pool->parallel_for(C, [&](int s, int e) {
-    for (int r = 0; r < rows; ++r) {
-      const float *d = dout + static_cast<long>(r) * C, *xr = x + static_cast<long>(r) * C;
-      for (int i = s; i < e; ++i) {
-        dw[i] += d[i] * (xr[i] - mean[r]) * rstd[r];
-        db[i] += d[i];
-      }
+  // dw, db: on this thread, row after row, which reads whole rows (a split by columns would read
+  // each row in pieces) and keeps the order of the sums whatever the thread count
+  float *__restrict gain = dw, *__restrict bias = db;  // apart from everything read: vectorisable
+  for (int r = 0; r < rows; ++r) {
+    const float *d = dout + static_cast<long>(r) * C, *xr = x + static_cast<long>(r) * C;
+    for (int i = 0; i < C; ++i) {
+      gain[i] += d[i] * (xr[i] - mean[r]) * rstd[r];
+      bias[i] += d[i];
     }
-  });
+  }
 }
 
 // Given d(out) for out = in W^T + b: accumulate dW and db, and write d(in).
@@ -291,41 +303,50 @@ void linear_backward(Model& md, float* d_in, const float* d_out, const float* in
                      int rows) {
   const int N = w.rows, K = static_cast<int>(w.size / w.rows);
   float *dW = grad(md, w), *dB = b ? grad(md, *b) : nullptr;
+  const kernels::Product weights{.c = dW, .ldc = K, .a = {d_out, 1, N}, .b = in, .ldb = K, .N = K, .P = rows,
+                                 .accumulate = true};  // dW += dy^T x
   rows_parallel(md, N, [&](int s, int e) {
-    kernels::gemm(dW, {d_out, 1, N}, in, nullptr, K, rows, true, s, e);  // dW += dy^T x
+    kernels::gemm(weights, s, e);
     if (dB)
-      for (int n = s; n < e; ++n)
-        for (int m = 0; m < rows; ++m) dB[n] += d_out[static_cast<long>(m) * N + n];
+      for (int m = 0; m < rows; ++m)  // along rows of dy, so the reads are contiguous
+        for (int n = s; n < e; ++n) dB[n] += d_out[static_cast<long>(m) * N + n];
   });
-  const float* W = at(md, w);
-  rows_parallel(md, rows, [&](int s, int e) { kernels::gemm(d_in, {d_out, N, 1}, W, nullptr, K, N, false, s, e); });
+  const kernels::Product inputs{.c = d_in, .ldc = K, .a = {d_out, N, 1}, .b = at(md, w), .ldb = K, .N = K, .P = N};
+  rows_parallel(md, rows, [&](int s, int e) { kernels::gemm(inputs, s, e); });
 }
 
+// attention()'s backward for every (sequence, head), from its kept probabilities P:
+// dP = dY V^T, dS = P (dP - rowsum(P dP)) / sqrt(d), dQ = dS K, dK = dS^T Q, dV = P^T dY.
 void attention_backward(Model& md, float* d_qkv, const float* d_y, const float* qkv, const float* att, int B,
                         int T) {
   const int C = md.cfg.embd, H = md.cfg.heads, hs = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  std::memset(d_qkv, 0, sizeof(float) * B * T * 3 * C);
   md.pool->parallel_for(B * H, [&](int s, int e) {
-    std::vector<float> dp(T);
+    std::vector<float> vt(static_cast<size_t>(hs) * T), ds(static_cast<size_t>(T) * T);
     for (int u = s; u < e; ++u) {
       int b = u / H, h = u % H;
-      auto row = [&](int t, int part) { return (static_cast<long>(b) * T + t) * 3 * C + part * C + h * hs; };
+      const long at_b = static_cast<long>(b) * T * 3 * C + h * hs;
+      const float *q = qkv + at_b, *k = q + C, *v = q + 2 * C, *dy = d_y + static_cast<long>(b) * T * C + h * hs;
+      float *dq = d_qkv + at_b, *dk = dq + C, *dv = dq + 2 * C;
+      const float* p = att + static_cast<long>(u) * T * T;
+      kernels::transpose(vt.data(), v, T, hs, 3 * C);
+      for (int i = 0; i < T; i += 4)
+        kernels::gemm({.c = ds.data(), .ldc = T, .a = {dy, C, 1}, .b = vt.data(), .ldb = T,
+                       .N = causal_columns(i, T), .P = hs},
+                      i, causal_end(i, T));
       for (int i = 0; i < T; ++i) {
-        const float* p = att + (static_cast<long>(u) * T + i) * T;
-        const float* dy = d_y + (static_cast<long>(b) * T + i) * C + h * hs;
-        float weighted = 0.0f;  // sum_j p_j dp_j, the softmax's backward term
-        for (int j = 0; j <= i; ++j) {
-          dp[j] = kernels::vdot(dy, qkv + row(j, 2), hs);
-          weighted += p[j] * dp[j];
-          kernels::axpy(d_qkv + row(j, 2), dy, p[j], hs);  // dv_j += p_ij dy_i
-        }
-        for (int j = 0; j <= i; ++j) {
-          float ds = p[j] * (dp[j] - weighted) * scale;
-          kernels::axpy(d_qkv + row(i, 0), qkv + row(j, 1), ds, hs);  // dq_i += ds_ij k_j
-          kernels::axpy(d_qkv + row(j, 1), qkv + row(i, 0), ds, hs);  // dk_j += ds_ij q_i
-        }
+        const float* pr = p + static_cast<long>(i) * T;
+        float* row = ds.data() + static_cast<long>(i) * T;
+        float weighted = kernels::vdot(pr, row, i + 1);  // sum_j p_ij dp_ij, the softmax's backward term
+        for (int j = 0; j <= i; ++j) row[j] = pr[j] * (row[j] - weighted) * scale;
+        for (int j = i + 1; j < T; ++j) row[j] = 0.0f;
       }
+      for (int i = 0; i < T; i += 4)
+        kernels::gemm({.c = dq, .ldc = 3 * C, .a = {ds.data(), T, 1}, .b = k, .ldb = 3 * C, .N = hs,
+                       .P = causal_end(i, T)},
+                      i, causal_end(i, T));
+      kernels::gemm({.c = dk, .ldc = 3 * C, .a = {ds.data(), 1, T}, .b = q, .ldb = 3 * C, .N = hs, .P = T}, 0, T);
+      kernels::gemm({.c = dv, .ldc = 3 * C, .a = {p, 1, T}, .b = dy, .ldb = C, .N = hs, .P = T}, 0, T);
     }
   });
 }
@@ -352,7 +373,8 @@ void backward(Model& md, int B, int T) {
     // MLP: next = x2 + down(gelu(up(ln2(x2))))
     linear_backward(md, md.d_h, md.d_resid, a.g, L.down_w, &L.down_b, rows);
     md.pool->parallel_for(rows, [&](int s, int e) {
-      for (long i = static_cast<long>(s) * 4 * C; i < static_cast<long>(e) * 4 * C; ++i) md.d_h[i] *= gelu_grad(a.h[i]);
+      long at = static_cast<long>(s) * 4 * C;
+      kernels::gelu_backward(md.d_h + at, a.h + at, static_cast<long>(e - s) * 4 * C);
     });
     linear_backward(md, md.d_ln, md.d_h, a.ln2, L.up_w, &L.up_b, rows);
     std::memcpy(md.d_x2, md.d_resid, sizeof(float) * rows * C);
@@ -381,14 +403,17 @@ void adamw(Model& md) {
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(static_cast<double>(md.beta2), md.step));
   const float step_size = static_cast<float>(md.lr / bc1), decay = 1.0f - md.lr * md.weight_decay;
   const float b1 = 1.0f - md.beta1, b2 = 1.0f - md.beta2;
+  const float beta2 = md.beta2, eps = md.eps, bc2 = static_cast<float>(bc2_sqrt);
+  float *__restrict params = md.params, *__restrict m = md.m, *__restrict v = md.v;  // four arrays that never
+  const float* __restrict grads = md.grads;                                          // overlap: vectorisable
   md.pool->parallel_for(static_cast<int>(md.n_params), [&](int s, int e) {
     for (long i = s; i < e; ++i) {
-      float g = md.grads[i];
-      md.params[i] *= decay;
-      md.m[i] += b1 * (g - md.m[i]);
-      md.v[i] = md.v[i] * md.beta2 + b2 * g * g;
-      float denom = std::sqrt(md.v[i]) / static_cast<float>(bc2_sqrt) + md.eps;
-      md.params[i] -= step_size * (md.m[i] / denom);
+      float g = grads[i];
+      params[i] *= decay;
+      m[i] += b1 * (g - m[i]);
+      v[i] = v[i] * beta2 + b2 * g * g;
+      float denom = std::sqrt(v[i]) / bc2 + eps;
+      params[i] -= step_size * (m[i] / denom);
     }
   });
 }
@@ -617,9 +642,8 @@ double tg_bench_gemm(int m, int n, int k, int reps) {
     for (long p = 0; p < k; ++p) a[i * k + p] = A(i, p);
   for (long p = 0; p < k; ++p)
     for (long j = 0; j < n; ++j) b[p * n + j] = B(p, j);
-  const kernels::Operand rows_of_a{a.data(), k, 1};
-  for (int r = 0; r < reps; ++r)
-    rows_parallel(*model, m, [&](int s, int e) { kernels::gemm(c.data(), rows_of_a, b.data(), nullptr, n, k, false, s, e); });
+  const kernels::Product g{.c = c.data(), .ldc = n, .a = {a.data(), k, 1}, .b = b.data(), .ldb = n, .N = n, .P = k};
+  for (int r = 0; r < reps; ++r) rows_parallel(*model, m, [&](int s, int e) { kernels::gemm(g, s, e); });
   double worst = 0.0;
   for (long t = 0; t < 64; ++t) {
     long i = (t * 37) % m, j = (t * 53) % n;
