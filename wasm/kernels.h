@@ -5,17 +5,15 @@
 //   C[i][j] (+)= sum_p A(i, p) * B[p][j]  (+ bias[j])
 //
 // B and C are read in rows (contiguous j, rows ldb and ldc apart); A through two strides, so one
-// kernel serves every use without copying A:
+// kernel serves every use without transposing A first:
 //
 //   forward   y  = x W^T + b     A = x  (stride K, 1)   B = W^T (transposed once per step)
 //   backward  dx = dy W          A = dy (stride N, 1)   B = W
 //   backward  dW += dy^T x       A = dy (stride 1, N)   B = x
 //   attention S = Q K^T, Y = P V, dQ = dS K, dK = dS^T Q, dV = P^T dY, on one head's columns
 //
-// The SIMD path keeps a 4 x 8 block of C in eight registers: per step p it loads two vectors of
-// B's row and broadcasts four values of A, for 32 multiply-adds per six loads (the simple
-// dot-product loop does one per two). It takes a row range [begin, end) of C, so the thread
-// pool can hand out rows with no two threads writing the same memory.
+// gemm() takes a row range [begin, end) of C, so the thread pool can hand out rows with no two
+// threads writing the same memory.
 #pragma once
 
 #include <cmath>

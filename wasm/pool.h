@@ -3,8 +3,8 @@
 // thread that is slowed down (another process on its core) takes fewer instead of holding up
 // the rest. The calling thread takes chunks too instead of waiting in join(): on a two-core
 // machine a caller that only waits leaves half the machine idle (the study queue's threads
-// gotcha). Which thread runs a chunk never changes what it computes: every loop the trainer hands
-// the pool writes each output from one chunk only, in the same order.
+// gotcha). Neither where the chunks are cut nor which thread runs one changes a result: every
+// loop the trainer hands the pool computes each of its outputs within one chunk, the same way.
 //
 // Under Emscripten the worker threads are Web Workers sharing the module's memory; the build
 // pre-spawns them (-sPTHREAD_POOL_SIZE) because a worker cannot start a new one synchronously.

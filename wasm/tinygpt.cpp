@@ -238,7 +238,8 @@ float forward(Model& md, int B, int T, bool targets) {
     layernorm(md, a.ln2, a.ln2_mean, a.ln2_rstd, a.x2, at(md, L.ln2_w), at(md, L.ln2_b), rows);
     linear(md, a.h, a.ln2, L.up_w, &L.up_b, rows);
     md.pool->parallel_for(rows, [&](int s, int e) {
-      kernels::gelu(a.g + static_cast<long>(s) * 4 * C, a.h + static_cast<long>(s) * 4 * C, static_cast<long>(e - s) * 4 * C);
+      long at = static_cast<long>(s) * 4 * C;
+      kernels::gelu(a.g + at, a.h + at, static_cast<long>(e - s) * 4 * C);
     });
     linear(md, next, a.g, L.down_w, &L.down_b, rows);
     add_into(md, next, a.x2, rows, C);
@@ -404,8 +405,9 @@ void adamw(Model& md) {
   const float step_size = static_cast<float>(md.lr / bc1), decay = 1.0f - md.lr * md.weight_decay;
   const float b1 = 1.0f - md.beta1, b2 = 1.0f - md.beta2;
   const float beta2 = md.beta2, eps = md.eps, bc2 = static_cast<float>(bc2_sqrt);
-  float *__restrict params = md.params, *__restrict m = md.m, *__restrict v = md.v;  // four arrays that never
-  const float* __restrict grads = md.grads;                                          // overlap: vectorisable
+  // four arrays that never overlap: saying so lets the compiler vectorise the loop
+  float *__restrict params = md.params, *__restrict m = md.m, *__restrict v = md.v;
+  const float* __restrict grads = md.grads;
   md.pool->parallel_for(static_cast<int>(md.n_params), [&](int s, int e) {
     for (long i = s; i < e; ++i) {
       float g = grads[i];

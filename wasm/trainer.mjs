@@ -99,7 +99,9 @@ export class Trainer {
 
   // n x n x n products on the model's threads: {seconds per product, maxError on sampled entries}
   benchGemm(n, reps) {
-    this.mod._tg_bench_gemm(n, n, n, reps);  // warm-up: the engine compiles hot code again, optimised
+    // warm-up: the engine first runs new code from a quick compile and swaps in an optimised one
+    // once the code is hot, so run until that has surely happened (small products need many calls)
+    for (const start = performance.now(); performance.now() - start < 300;) this.mod._tg_bench_gemm(n, n, n, reps);
     const start = performance.now();
     const maxError = this.mod._tg_bench_gemm(n, n, n, reps);
     const seconds = (performance.now() - start) / 1000 / reps;
