@@ -117,11 +117,12 @@ def test_the_threaded_build_also_runs_on_one_thread(dist, oracle):
 
 @pytest.mark.parametrize("build", wasm.BUILDS)
 def test_the_benchmarked_gemm_is_exact_on_exactly_representable_inputs(build, dist, oracle):
-    """Sizes off the 4 x 8 SIMD block, so the scalar edges run too; inputs are multiples of 1/8
-    whose sums fp32 holds exactly, so any wrong product shows as a nonzero error."""
+    """Sizes off the 4 x 8 SIMD block, so the scalar edges run too, and one past the kernel's
+    256-step passes, so a pass adds to the last one's output; inputs are multiples of 1/8 whose
+    sums fp32 holds exactly, so any wrong product shows as a nonzero error."""
     answer = wasm.run(build, wasm.trainer_config(oracle["config"]), threads=THREADS[build],
-                      bench_gemm=([1, 37, 130], 1), dist=dist)
-    assert [g["n"] for g in answer["gemm"]] == [1, 37, 130]
+                      bench_gemm=([1, 37, 130, 300], 1), dist=dist)
+    assert [g["n"] for g in answer["gemm"]] == [1, 37, 130, 300]
     assert all(g["maxError"] == 0 and g["seconds"] > 0 for g in answer["gemm"])
 
 
