@@ -165,7 +165,7 @@ inline void transpose(float* out, const float* in, int rows, int cols, long stri
 // ---- elementwise ------------------------------------------------------------------------------
 //
 // The SIMD build computes exp and erf four lanes at a time from polynomials; the scalar build
-// calls the C library. Both differ from PyTorch's last bits only, which the loss drift measures.
+// calls the C library. Both differ from PyTorch by rounding-sized amounts: the loss drift's job.
 
 #ifdef __wasm_simd128__
 inline v128_t splat(float x) { return wasm_f32x4_splat(x); }
