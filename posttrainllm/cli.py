@@ -1,4 +1,5 @@
-"""``posttrainllm`` on the command line: ``posttrainllm study status|fill|check``, ``posttrainllm coverage``."""
+"""``posttrainllm`` on the command line: ``posttrainllm study status|fill|check``, ``posttrainllm coverage``,
+``posttrainllm models``."""
 
 from __future__ import annotations
 
@@ -46,6 +47,14 @@ def _coverage(_args: argparse.Namespace) -> int:
     return 0
 
 
+def _models(_args: argparse.Namespace) -> int:
+    from posttrainllm import data, pretrained
+
+    print(f"the notebooks' shared models, in {data.default_cache_dir()}:")
+    pretrained.build_all(lambda name, seconds: print(f"  {name:40s} {seconds:6.1f} s", flush=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrainllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("coverage", help="which notebook section teaches each module").set_defaults(
         run=_coverage
+    )
+    sub.add_parser("models", help="train the notebooks' shared models into the cache, once").set_defaults(
+        run=_models
     )
     return parser
 

@@ -59,8 +59,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, mode: str, config: dict, ids, steps, batch_size, lr, seed, out) -> None:
+def _worker(rank: int, world: int, port: int, mode: str, config: dict, ids, steps, batch_size, lr, seed, out,
+            dtype: torch.dtype) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_default_dtype(dtype)  # a spawned process starts at float32, whatever its parent set
     torch.set_num_threads(1)  # one core per process: the processes are the parallelism
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
@@ -102,14 +104,15 @@ def train_parallel(
     config: GPTConfig, ids: np.ndarray, steps: int, batch_size: int, lr: float, world_size: int = 2,
     mode: str = "ddp", seed: int = 0,
 ) -> dict:
-    """Train in ``world_size`` processes. Returns ``{"state_dict", "losses", "params_per_process"}``
-    (the last: how many parameter values each process stores)."""
+    """Train in ``world_size`` processes, in the caller's default dtype. Returns ``{"state_dict",
+    "losses", "params_per_process"}`` (the last: how many parameter values each process stores)."""
     if mode not in ("ddp", "fsdp"):
         raise ValueError(f"mode must be 'ddp' or 'fsdp', got {mode!r}")
     if batch_size % world_size:
         raise ValueError(f"batch_size={batch_size} does not split evenly over world_size={world_size} processes")
     with tempfile.TemporaryDirectory() as out:
-        args = (world_size, _free_port(), mode, asdict(config), ids, steps, batch_size, lr, seed, out)
+        args = (world_size, _free_port(), mode, asdict(config), ids, steps, batch_size, lr, seed, out,
+                torch.get_default_dtype())
         mp.spawn(_worker, args=args, nprocs=world_size, join=True)
         result = torch.load(Path(out) / "rank0.pt", weights_only=True)
         per_process = [torch.load(Path(out) / f"params-{r}.pt", weights_only=True)["local_params"]

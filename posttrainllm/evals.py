@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
-from posttrainllm.model import GPT
+from posttrainllm.model import GPT, log_probs
 from posttrainllm.train import evaluate, greedy
 
 
@@ -93,7 +92,7 @@ def sequence_logprobs(model: GPT, prefix: list[int], candidates: list[list[int]]
     model.eval()
     rows, start, out = torch.tensor([prefix + c for c in candidates]), len(prefix) - 1, []
     for part in rows.split(chunk):
-        logp = F.log_softmax(model(part[:, :-1]).float(), dim=-1)
+        logp = log_probs(model(part[:, :-1]))
         out.append(logp[:, start:].gather(-1, part[:, start + 1 :].unsqueeze(-1)).squeeze(-1).sum(-1))
     return torch.cat(out)
 

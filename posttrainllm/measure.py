@@ -38,3 +38,10 @@ def extra_peak_bytes(fn: Callable[[], object]) -> int:
         tracemalloc.stop()
     outputs = result if isinstance(result, tuple) else (result,)
     return peak - sum(np.asarray(r).nbytes for r in outputs)
+
+
+def agreement(error: float, tolerance: float) -> str:
+    """How a round-off error reads in print: ``"within 1e-12"`` while it is below ``tolerance``, the
+    error itself once it is not. The digits of a round-off error depend on the order in which the
+    CPU adds (its vector width, its thread count); whether it is below a bound does not."""
+    return f"within {tolerance:.0e}" if error < tolerance else f"{error:.1e}, above {tolerance:.0e}"

@@ -51,7 +51,7 @@ class LossScaler:
 
 
 class Fp16Trainer:
-    """Train ``model`` (fp32, the master) through an fp16 copy of it.
+    """Train ``model`` (the master, fp32 or wider) through an fp16 copy of it.
 
     Each :meth:`step` copies the master weights into the fp16 model, runs forward and backward
     there on the scaled loss, moves the gradients to the master in fp32, unscales them, and
@@ -75,7 +75,7 @@ class Fp16Trainer:
         self.half.zero_grad(set_to_none=True)
         (loss * self.scaler.scale).backward()
         for h, m in zip(self.half.parameters(), self.master.parameters(), strict=True):
-            m.grad = None if h.grad is None else h.grad.float()
+            m.grad = None if h.grad is None else h.grad.to(m.dtype)
         found_inf = self.scaler.unscale_(m.grad for m in self.master.parameters() if m.grad is not None)
         if found_inf:
             self.skipped += 1

@@ -249,6 +249,11 @@ def _run(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """Log-softmax over the vocabulary in at least float32: fp16/bf16 logits are upcast, float64 kept."""
+    return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+
+
 def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, tokens: int, bytes_per_value: int = 2) -> int:
     """Memory of a KV cache: a key and a value vector per layer, per key/value head, per token."""
     return 2 * n_layer * n_kv_head * head_dim * tokens * bytes_per_value

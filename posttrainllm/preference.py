@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from posttrainllm.model import GPT
+from posttrainllm.model import GPT, log_probs
 from posttrainllm.optim import AdamW
 from posttrainllm.sft import END, IGNORE, Example, pack, render
 from posttrainllm.tokenizer import Tokenizer
@@ -40,7 +40,7 @@ def _rows(tokenizer: Tokenizer, pairs: list[Pair], responses: str, block_size: i
 
 def sequence_logprob(model: GPT, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Sum of the log-probabilities of each row's response tokens (targets not ``IGNORE``)."""
-    logp = F.log_softmax(model(inputs).float(), dim=-1)
+    logp = log_probs(model(inputs))
     mask = targets != IGNORE
     picked = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     return (picked * mask).sum(-1)

@@ -2,20 +2,25 @@
 
 :func:`base_model` trains a tokenizer and a GPT on the built-in corpus with a fixed, seeded
 recipe, and caches both under the cache directory in files named by a hash of the recipe. The
-first call trains (about half a minute on two CPU cores); later calls — from any notebook, in
+first call trains (about a minute on two CPU cores); later calls — from any notebook, in
 any order, in a fresh kernel — load the cached files. Files are written atomically; a damaged
 cache file is rebuilt rather than trusted.
 
 :func:`sft_model` and :func:`dpo_model` do the same for the models module 9 fine-tunes from it
 (full SFT, LoRA at each rank, DPO), so module 10 can score every one of them without training
 them again — and without depending on module 9 having run first.
+
+Every model here is trained and stored in float64, whatever the caller's default dtype: in
+float32 the last bits of a sum depend on the CPU's vector width and thread count, and training
+amplifies them into different printed losses and samples on different machines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,8 +31,8 @@ from posttrainllm.model import GPT, GPTConfig
 from posttrainllm.tokenizer import Tokenizer
 from posttrainllm.train import load_checkpoint, load_file, save_checkpoint, save_file, train
 
-BUILD_VERSION = 2  # bump whenever _build or corpus_split changes what the same recipe produces
-TUNE_VERSION = 1  # bump whenever sft_model or dpo_model changes what the same arguments produce
+BUILD_VERSION = 3  # bump whenever _build or corpus_split changes what the same recipe produces
+TUNE_VERSION = 2  # bump whenever sft_model or dpo_model changes what the same arguments produce
 TUNED_FORMAT = "posttrainllm-tuned-1"
 TARGETS = ("attn.qkv", "attn.proj", "mlp.up", "mlp.proj")  # module 9 adapts every projection in every block
 
@@ -53,6 +58,19 @@ class Recipe:
         """Names the cache files: changes with any field, and with how :func:`_build` trains."""
         fields = {**asdict(self), "build": BUILD_VERSION}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@contextlib.contextmanager
+def float64() -> Iterator[None]:
+    """Create and train in float64 inside the block; the caller's default dtype is restored after."""
+    import torch
+
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def _build(recipe: Recipe) -> tuple[GPT, Tokenizer]:
@@ -84,7 +102,8 @@ def base_model(recipe: Recipe = Recipe(), cache_dir: Path | None = None) -> tupl
             return model, tokenizer
         except ValueError:
             pass  # a damaged cache file: rebuild it below rather than trust it
-    model, tokenizer = _build(recipe)
+    with float64():
+        model, tokenizer = _build(recipe)
     tokenizer.save(vocab)
     save_checkpoint(model, weights)
     return model, tokenizer
@@ -110,7 +129,8 @@ def _tuned(name: str, skeleton: Callable[[], GPT], fit: Callable[[GPT], dict], c
     cache = Path(cache_dir or data.default_cache_dir())
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / f"tuned-{name}-v{TUNE_VERSION}.pt"
-    model = skeleton()
+    with float64():
+        model = skeleton()
     if path.is_file():
         try:
             payload = load_file(path, TUNED_FORMAT, "fine-tuned model", "cache file")
@@ -119,7 +139,8 @@ def _tuned(name: str, skeleton: Callable[[], GPT], fit: Callable[[GPT], dict], c
             return model, payload["history"]
         except (ValueError, RuntimeError):  # damaged, or saved from a differently shaped model
             pass
-    history = fit(model)
+    with float64():
+        history = fit(model)
     model.eval()
     save_file({"format": TUNED_FORMAT, "state_dict": model.state_dict(), "history": history}, path)
     return model, history
@@ -167,3 +188,26 @@ def dpo_model(nll_weight: float = 0.0, steps: int = 150, sft_steps: int = 500, r
 
     name = f"dpo-nll{nll_weight:g}-{steps}-sft{sft_steps}-{recipe.key}"
     return _tuned(name, _sft_skeleton(4, recipe, cache_dir), fit, cache_dir)
+
+
+# Every cached model a notebook loads: modules 7–10's base model, module 10's speculative-decoding
+# target and draft, and module 9's fine-tuned models (which module 10 scores again).
+NOTEBOOK_MODELS: dict[str, Callable[[], object]] = {
+    "base": lambda: base_model(),
+    "speculative target (6 blocks, width 128)": lambda: base_model(Recipe(n_layer=6, n_embd=128)),
+    "speculative draft (1 block, width 32)": lambda: base_model(Recipe(n_layer=1, n_embd=32)),
+    **{f"SFT, {f'LoRA r={r}' if r else 'all weights'}": (lambda r=r: sft_model(rank=r))
+       for r in (None, 1, 2, 4, 8, 16)},
+    **{f"DPO, NLL weight {w:g}": (lambda w=w: dpo_model(nll_weight=w)) for w in (0.0, 1.0)},
+}
+
+
+def build_all(report: Callable[[str, float], None] = lambda name, seconds: None) -> None:
+    """Train (or find in the cache) every model in :data:`NOTEBOOK_MODELS`; ``report(name, seconds)``
+    after each. Run once before the notebooks so that none of them pays for training on its first run."""
+    import time
+
+    for name, build in NOTEBOOK_MODELS.items():
+        start = time.perf_counter()
+        build()
+        report(name, time.perf_counter() - start)

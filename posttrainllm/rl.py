@@ -22,9 +22,8 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
-from posttrainllm.model import GPT, KVCache
+from posttrainllm.model import GPT, KVCache, log_probs
 from posttrainllm.optim import AdamW
 from posttrainllm.sft import END, Example, chat_ids
 from posttrainllm.tokenizer import Tokenizer
@@ -72,7 +71,7 @@ def token_logprobs(model: GPT, prompt: list[int], completions: list[list[int]], 
     """``(log-probs, mask)`` of each completion's tokens, shape ``(n, longest)``."""
     width = max(len(c) for c in completions)
     rows = torch.tensor([prompt + c + [pad] * (width - len(c)) for c in completions])
-    logp = F.log_softmax(model(rows[:, :-1]).float(), dim=-1)[:, len(prompt) - 1 :]
+    logp = log_probs(model(rows[:, :-1]))[:, len(prompt) - 1 :]
     picked = logp.gather(-1, rows[:, len(prompt) :].unsqueeze(-1)).squeeze(-1)
     mask = torch.tensor([[1.0] * len(c) + [0.0] * (width - len(c)) for c in completions])
     return picked, mask

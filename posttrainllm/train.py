@@ -159,8 +159,11 @@ def save_checkpoint(model: GPT, path: str | Path) -> None:
 
 
 def load_checkpoint(path: str | Path) -> GPT:
-    """Rebuild the model. A truncated, corrupt or foreign file raises ``ValueError`` saying so."""
+    """Rebuild the model, in the dtype it was saved in. A truncated, corrupt or foreign file raises
+    ``ValueError`` saying so."""
     payload = load_file(path, CHECKPOINT_FORMAT, "GPT checkpoint", "checkpoint")
-    model = GPT(GPTConfig(**payload["config"]))
-    model.load_state_dict(payload["state_dict"])
+    state = payload["state_dict"]
+    # in the dtype it was saved in (the book's models are float64), not the caller's default
+    model = GPT(GPTConfig(**payload["config"])).to(next(iter(state.values())).dtype)
+    model.load_state_dict(state)
     return model
