@@ -87,3 +87,27 @@ def test_mistake_pairs_are_exactly_the_wrong_answers(tmp_path):
     wrong = [e for e in questions if sft.reply(model, tok, e.prompt).strip() != e.response]
     assert [p.prompt for p in pairs] == [e.prompt for e in wrong]
     assert all(p.chosen != p.rejected for p in pairs)
+
+
+def test_models_are_float64_whatever_the_callers_default_and_the_default_is_restored(tmp_path):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        built, _ = base_model(TINY, cache_dir=tmp_path)  # trained here
+        loaded, _ = base_model(TINY, cache_dir=tmp_path)  # read from the cache
+        tuned, _ = sft_model(rank=2, steps=2, recipe=CHAT, cache_dir=tmp_path)
+        assert torch.get_default_dtype() == torch.float32
+    finally:
+        torch.set_default_dtype(before)
+    for model in (built, loaded, tuned):
+        assert {p.dtype for p in model.parameters()} == {torch.float64}
+
+
+def test_build_all_builds_each_model_and_reports_it(monkeypatch):
+    from posttrainllm import pretrained
+
+    built = []
+    monkeypatch.setattr(pretrained, "NOTEBOOK_MODELS", {"a": lambda: built.append("a"), "b": lambda: built.append("b")})
+    reported = []
+    pretrained.build_all(lambda name, seconds: reported.append((name, seconds >= 0)))
+    assert built == ["a", "b"] and reported == [("a", True), ("b", True)]
