@@ -164,6 +164,7 @@ def load_checkpoint(path: str | Path) -> GPT:
     payload = load_file(path, CHECKPOINT_FORMAT, "GPT checkpoint", "checkpoint")
     state = payload["state_dict"]
     # in the dtype it was saved in (the book's models are float64), not the caller's default
-    model = GPT(GPTConfig(**payload["config"])).to(next(iter(state.values())).dtype)
+    dtype = next((t.dtype for t in state.values() if t.is_floating_point()), torch.get_default_dtype())
+    model = GPT(GPTConfig(**payload["config"])).to(dtype)
     model.load_state_dict(state)
     return model
