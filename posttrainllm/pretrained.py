@@ -62,7 +62,8 @@ class Recipe:
 
 @contextlib.contextmanager
 def float64() -> Iterator[None]:
-    """Create and train in float64 inside the block; the caller's default dtype is restored after."""
+    """Create and train in float64 inside the block (or the decorated function); the caller's default
+    dtype is restored after."""
     import torch
 
     before = torch.get_default_dtype()
@@ -73,6 +74,7 @@ def float64() -> Iterator[None]:
         torch.set_default_dtype(before)
 
 
+@float64()
 def _build(recipe: Recipe) -> tuple[GPT, Tokenizer]:
     import torch
 
@@ -102,8 +104,7 @@ def base_model(recipe: Recipe = Recipe(), cache_dir: Path | None = None) -> tupl
             return model, tokenizer
         except ValueError:
             pass  # a damaged cache file: rebuild it below rather than trust it
-    with float64():
-        model, tokenizer = _build(recipe)
+    model, tokenizer = _build(recipe)
     tokenizer.save(vocab)
     save_checkpoint(model, weights)
     return model, tokenizer
@@ -123,14 +124,14 @@ def held_out_ids(tokenizer: Tokenizer, recipe: Recipe = Recipe()) -> np.ndarray:
     return corpus_split(tokenizer, recipe)[1]
 
 
+@float64()
 def _tuned(name: str, skeleton: Callable[[], GPT], fit: Callable[[GPT], dict], cache_dir: Path | None):
     """``skeleton()`` makes the untrained model (base weights, adapters injected); ``fit`` trains it in
     place and returns its history. Both are cached together; a damaged file is rebuilt."""
     cache = Path(cache_dir or data.default_cache_dir())
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / f"tuned-{name}-v{TUNE_VERSION}.pt"
-    with float64():
-        model = skeleton()
+    model = skeleton()
     if path.is_file():
         try:
             payload = load_file(path, TUNED_FORMAT, "fine-tuned model", "cache file")
@@ -139,8 +140,7 @@ def _tuned(name: str, skeleton: Callable[[], GPT], fit: Callable[[GPT], dict], c
             return model, payload["history"]
         except (ValueError, RuntimeError):  # damaged, or saved from a differently shaped model
             pass
-    with float64():
-        history = fit(model)
+    history = fit(model)
     model.eval()
     save_file({"format": TUNED_FORMAT, "state_dict": model.state_dict(), "history": history}, path)
     return model, history
