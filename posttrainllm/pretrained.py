@@ -197,7 +197,7 @@ NOTEBOOK_MODELS: dict[str, Callable[[], object]] = {
     "speculative target (6 blocks, width 128)": lambda: base_model(Recipe(n_layer=6, n_embd=128)),
     "speculative draft (1 block, width 32)": lambda: base_model(Recipe(n_layer=1, n_embd=32)),
     **{f"SFT, {f'LoRA r={r}' if r else 'all weights'}": (lambda r=r: sft_model(rank=r))
-       for r in (None, 1, 2, 4, 8, 16)},
+       for r in (None, 1, 2, 4, 8)},
     **{f"DPO, NLL weight {w:g}": (lambda w=w: dpo_model(nll_weight=w)) for w in (0.0, 1.0)},
 }
 
