@@ -31,4 +31,25 @@ what), ``serve`` (the local book server), ``checkout`` and ``cli``.
 Imports here stay light (no torch) so ``import posttrainllm`` is instant everywhere.
 """
 
-__version__ = "0.1.0"
+import importlib.abc
+import sys
+
+__version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it from here
+
+
+class _MissingTorch(importlib.abc.MetaPathFinder):
+    """Consulted last, so only when no installed package provides ``torch``: turns the bare
+    ``No module named 'torch'`` of modules 5-10 into the command that fixes it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise ModuleNotFoundError(
+                "PyTorch is not installed, and posttrainllm's modules from 5 on need it: "
+                "pip install 'posttrainllm[torch]' (or, in a clone of the book, make install)",
+                name="torch",
+            )
+        return None
+
+
+if not any(isinstance(finder, _MissingTorch) for finder in sys.meta_path):
+    sys.meta_path.append(_MissingTorch())

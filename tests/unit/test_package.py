@@ -1,0 +1,61 @@
+"""The package as an installed distribution sees it: one version, a clear error without torch."""
+
+import subprocess
+import sys
+import textwrap
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+import posttrainllm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_one_version_source():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "version" not in project and project["dynamic"] == ["version"]
+    assert metadata.version("posttrainllm") == posttrainllm.__version__
+
+
+def test_license_file_matches_the_declared_license():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT" and (ROOT / "LICENSE").read_text().startswith("MIT License")
+
+
+def test_missing_torch_names_the_command_that_installs_it():
+    hide_torch = textwrap.dedent("""
+        import importlib.machinery
+        real = importlib.machinery.PathFinder.find_spec
+        def find_spec(name, path=None, target=None):  # as if torch were not installed
+            return None if name.split(".")[0] == "torch" else real(name, path, target)
+        importlib.machinery.PathFinder.find_spec = find_spec
+        import posttrainllm.model
+    """)
+    result = subprocess.run([sys.executable, "-c", hide_torch], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "ModuleNotFoundError" in result.stderr and "pip install 'posttrainllm[torch]'" in result.stderr
+
+
+def test_torch_imports_normally_when_installed():
+    import torch
+
+    assert torch.tensor([1.0]).sum().item() == 1.0
+
+
+def test_binder_environment_resolves_against_the_project():
+    # offline, so against the installed environment: the extras exist and nothing conflicts
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation",
+                             "--quiet", "-r", "binder/requirements.txt"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert (ROOT / "binder" / "runtime.txt").read_text().strip() == "python-3.11"
+
+
+def test_repository_address_is_written_once():
+    config = (ROOT / "_config.yml").read_text()
+    url = next(line.split()[-1] for line in config.splitlines() if line.strip().startswith("url: https://github.com"))
+    owner = url.split("/")[3]
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    mentions = [f for f in tracked if f != "_config.yml" and (ROOT / f).is_file()
+                and f"github.com/{owner}/" in (ROOT / f).read_text(errors="ignore")]
+    assert mentions == []
