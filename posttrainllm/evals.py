@@ -5,9 +5,10 @@ An eval is a number with a question behind it. Held-out loss asks "how well does
 predict text it never trained on"; exact match asks "does it answer right"; the memorisation
 tests ask "is that right answer *learned* or *remembered*" — by comparing how often a model
 reproduces the exact continuation of training texts with how often it does so for held-out
-texts of the same kind (Carlini et al., 2021), and by planting random canaries in fine-tuning
-data and measuring how far the model ranks them above chance (the *exposure* of Carlini et al.,
-2019).
+texts of the same kind (extractability: a prefix in, the exact suffix out by greedy decoding,
+as in Carlini et al., 2022, *Quantifying Memorization*), and by planting random canaries in
+fine-tuning data and measuring how far the model ranks them above chance (the *exposure* of
+Carlini et al., 2019, *The Secret Sharer*).
 """
 
 from __future__ import annotations

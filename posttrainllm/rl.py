@@ -8,9 +8,10 @@ scale, and no value network is needed. The policy then maximises the PPO-style c
 current policy and the one that sampled, minus ``beta`` times a KL penalty to a frozen reference
 (the k3 estimator ``e^(ref - new) - (ref - new) - 1``, never negative).
 
-Two DAPO tweaks (Yu et al., 2025) are switches: ``clip_high`` widens the upper clip so rare
-good tokens can gain probability faster, and ``normalise=False`` drops the division by the
-group's std, which otherwise makes near-unanimous groups count as much as contested ones.
+Two published variants are switches: ``clip_high`` is DAPO's clip-higher (Yu et al., 2025), a
+wider upper clip so rare good tokens can gain probability faster; ``normalise=False`` is Dr.
+GRPO's advantage (Liu et al., 2025), without the division by the group's std, which otherwise
+makes near-unanimous groups count as much as contested ones.
 
 A group whose completions all score the same has zero advantage everywhere, so it teaches
 nothing — the tests check exactly that.

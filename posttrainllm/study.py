@@ -247,8 +247,13 @@ def headings(path: Path, max_level: int = 3) -> list[tuple[str, str]]:
     return out
 
 
+# a file of the repository named in a topic's text, e.g. `webgpu/attention_flash2.wgsl`
+_REPO_FILE = re.compile(r"`((?:webgpu|wasm|posttrainllm|notebooks|book|benchmarks|tests)/[\w./-]+\.\w+)`")
+
+
 def check(path: Path | None = None) -> list[str]:
-    """Problems with the queue's teaching anchors; an empty list means every topic is anchored."""
+    """Problems with the queue's teaching anchors and the repository files its topics name; an
+    empty list means every topic is anchored and every named file exists."""
     path = Path(path or default_path())
     problems = []
     topics = load(path)
@@ -261,6 +266,9 @@ def check(path: Path | None = None) -> list[str]:
                 problems.append(f'"{topic.name}": no "- {required}:" line')
         if not topic.taught_in:
             problems.append(f'"{topic.name}": no teaching anchor (a "- Taught in: [..](..)" link)')
+        for named in sorted({m for f in topic.fields.values() for m in _REPO_FILE.findall(f.value)}):
+            if not (path.parent.parent / named).is_file():
+                problems.append(f'"{topic.name}": names `{named}`, which does not exist')
         for label, target in topic.taught_in:
             file_part, _, anchor = target.partition("#")
             page = (path.parent / file_part).resolve()

@@ -177,6 +177,7 @@ def test_check_reports_missing_files_sections_and_anchors(tmp_path):
         "- Taught in: [ok](../notebooks/01-x.ipynb#real-section), [typo](../notebooks/01-x.ipynb#real-sectoin)\n"
         "## B\n- What: b\n- Why here: TBD\n- Source: http://b\n- Taught in: [gone](../notebooks/99.ipynb#x)\n"
         "## C\n- What: c\n- Why here: TBD\n- Source: http://c\n"
+        "- Gotcha: see `webgpu/attention_fa2.wgsl` and `notebooks/01-x.ipynb`\n"
     )
     problems = study.check(queue)
     assert problems == [
@@ -184,6 +185,7 @@ def test_check_reports_missing_files_sections_and_anchors(tmp_path):
         'section (closest: "#real-section")',
         '"B": [gone] points to ../notebooks/99.ipynb, which does not exist',
         '"C": no teaching anchor (a "- Taught in: [..](..)" link)',
+        '"C": names `webgpu/attention_fa2.wgsl`, which does not exist',
     ]
 
 
