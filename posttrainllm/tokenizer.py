@@ -164,9 +164,29 @@ def compile_pattern(pattern: str, engine: str = "auto"):
     return re.compile(to_stdlib_pattern(pattern))
 
 
+def pretokens(compiled, text: str) -> list[str]:
+    """The pre-tokens of ``text`` under a compiled split pattern: its matches and, as pre-tokens of
+    their own, any text between them, so a pattern that does not cover every character (``\\w+``)
+    cannot drop the rest. GPT-2's and GPT-4's patterns cover everything: then this is ``findall``."""
+    if compiled.groups == 0:
+        found = compiled.findall(text)
+        if sum(map(len, found)) == len(text):
+            return [piece for piece in found if piece]
+    pieces, end = [], 0
+    for match in compiled.finditer(text):
+        if match.start() > end:
+            pieces.append(text[end : match.start()])
+        if match.end() > match.start():
+            pieces.append(match.group())
+        end = max(end, match.end())
+    if end < len(text):
+        pieces.append(text[end:])
+    return pieces
+
+
 def pretokenize(text: str, pattern: str = GPT4_SPLIT) -> list[str]:
     """The pre-tokens of ``text``: the pieces BPE merges within, never across."""
-    return compile_pattern(pattern).findall(text)
+    return pretokens(compile_pattern(pattern), text)
 
 
 def _count_chunk(args: tuple[str, str]) -> Counter:
@@ -206,7 +226,7 @@ def count_words(texts: Iterable[str] | str, pattern: str = GPT4_SPLIT, processes
                 for part in pool.map(_count_chunk, [(pattern, p) for p in _split_lines(chunk, processes)]):
                     counts.update(part)
             else:
-                counts.update(compiled.findall(chunk))
+                counts.update(pretokens(compiled, chunk))
     finally:
         if pool is not None:
             pool.close()
@@ -309,21 +329,48 @@ def train_merges(word_counts: Counter, vocab_size: int) -> list[Pair]:
     return merges
 
 
+# what compiling a bad split pattern raises, in whichever regex engine compile_pattern picked
+PATTERN_ERRORS: tuple[type[Exception], ...] = (re.error, ValueError) + ((regex.error,) if regex is not None else ())
+
+
+def _checked_pattern(pattern: object):
+    if not isinstance(pattern, str) or not pattern:
+        raise ValueError(f"the split pattern must be a non-empty regex string, not {pattern!r}")
+    try:
+        compiled = compile_pattern(pattern)
+    except PATTERN_ERRORS as err:
+        raise ValueError(f"the split pattern {pattern!r} is not a valid regex: {err}") from None
+    return compiled
+
+
+def _checked_specials(special: dict, n_vocab: int) -> dict[str, int]:
+    """Special tokens take the ids right after the merges, one each: ``vocab_size`` counts them so."""
+    for name, token_id in special.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a special token must be a non-empty string, not {name!r}")
+        if not isinstance(token_id, int) or isinstance(token_id, bool):
+            raise ValueError(f"special token {name!r} has id {token_id!r}, which is not an integer")
+        if token_id < n_vocab:
+            raise ValueError(f"special token {name!r} has id {token_id}, which a merge already uses")
+    ids = sorted(special.values())
+    if ids != list(range(n_vocab, n_vocab + len(ids))):
+        raise ValueError(f"special token ids must be {n_vocab} to {n_vocab + len(ids) - 1}, one each "
+                         f"(the ids after the merges), not {ids}")
+    return special
+
+
 class Tokenizer:
     """A trained byte-level BPE: merges, a pre-tokenisation pattern and special tokens."""
 
     def __init__(self, merges: list[Pair], pattern: str = GPT4_SPLIT, special_tokens: dict[str, int] | None = None):
         self.merges = list(merges)
         self.pattern = pattern
-        self._split = compile_pattern(pattern)
+        self._split = _checked_pattern(pattern)
         self.ranks = {pair: 256 + i for i, pair in enumerate(self.merges)}
         self.vocab = [bytes([b]) for b in range(256)]
         for a, b in self.merges:
             self.vocab.append(self.vocab[a] + self.vocab[b])
-        self.special_tokens = dict(special_tokens or {})
-        for name, token_id in self.special_tokens.items():
-            if token_id < len(self.vocab):
-                raise ValueError(f"special token {name!r} has id {token_id}, which a merge already uses")
+        self.special_tokens = _checked_specials(dict(special_tokens or {}), len(self.vocab))
         self._special_ids = {i: s.encode("utf-8") for s, i in self.special_tokens.items()}
         self._special_split = (
             re.compile("(" + "|".join(map(re.escape, sorted(self.special_tokens, key=len, reverse=True))) + ")")
@@ -374,7 +421,7 @@ class Tokenizer:
     def encode_ordinary(self, text: str) -> list[int]:
         """Encode treating special-token strings as plain text."""
         out: list[int] = []
-        for chunk in self._split.findall(text):
+        for chunk in pretokens(self._split, text):
             out.extend(self._encode_chunk(chunk))
         return out
 
@@ -415,13 +462,13 @@ class Tokenizer:
         buffer = ""
         for piece in texts:
             buffer += piece
-            chunks = self._split.findall(buffer)
+            chunks = pretokens(self._split, buffer)
             if len(chunks) < 2:
                 continue
             for chunk in chunks[:-1]:
                 yield from self._encode_chunk(chunk)
             buffer = chunks[-1]
-        for chunk in self._split.findall(buffer):
+        for chunk in pretokens(self._split, buffer):
             yield from self._encode_chunk(chunk)
 
     # --- decoding -------------------------------------------------------------------------
@@ -490,4 +537,9 @@ class Tokenizer:
         for i, (a, b) in enumerate(merges):
             if not (0 <= a < 256 + i and 0 <= b < 256 + i):
                 raise fail(f"merge {i} uses an id that does not exist yet: ({a}, {b})")
-        return cls(merges, pattern, special)
+        if not isinstance(special, dict):
+            raise fail(f"the special tokens should be a JSON object, not {special!r}")
+        try:
+            return cls(merges, pattern, special)
+        except ValueError as err:
+            raise fail(str(err)) from None

@@ -120,6 +120,15 @@ def test_save_and_load_round_trip(tmp_path):
     assert again.encode(TEXT[:2000]) == tok.encode(TEXT[:2000])
 
 
+def with_line(text: str, index: int, line: str) -> str:
+    lines = text.splitlines()
+    return "\n".join([*lines[:index], line, *lines[index + 1 :]]) + "\n"
+
+
+def n_ids(text: str) -> int:  # the first id after the merges: where special tokens start
+    return 256 + int(text.splitlines()[3].split()[1])
+
+
 @pytest.mark.parametrize(
     "damage, message",
     [
@@ -128,6 +137,13 @@ def test_save_and_load_round_trip(tmp_path):
         (lambda t: t.replace("merges ", "merges x", 1), "header is damaged"),
         (lambda t: t + "9999 1\n", "holds"),
         (lambda t: "\n".join([*t.splitlines()[:4], "300 1", *t.splitlines()[5:]]) + "\n", "does not exist yet"),
+        (lambda t: with_line(t, 1, 'pattern "(unclosed"'), "not a valid regex"),
+        (lambda t: with_line(t, 1, "pattern 42"), "non-empty regex string"),
+        (lambda t: with_line(t, 2, 'special {"<a>": "x", "<b>": 1}'), "not an integer"),
+        (lambda t: with_line(t, 2, 'special ["<a>"]'), "JSON object"),
+        (lambda t: with_line(t, 2, f'special {{"<a>": {n_ids(t)}, "<b>": {n_ids(t)}}}'), "one each"),
+        (lambda t: with_line(t, 2, f'special {{"<a>": {n_ids(t)}, "<b>": 99999999}}'), "one each"),
+        (lambda t: with_line(t, 2, f'special {{"": {n_ids(t)}}}'), "non-empty string"),
     ],
 )
 def test_a_damaged_file_gives_a_clear_error(tmp_path, damage, message):
@@ -145,6 +161,14 @@ def test_bad_arguments():
         trained().decode([10**6])
     with pytest.raises(ValueError, match="already uses"):
         Tokenizer([(97, 98)], special_tokens={"<s>": 256})
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=any_text, pattern=st.sampled_from([r"\w+", r"[a-z]+", r"\d", r"(\w)\w*", r"x*", r" ?\p{L}+"]))
+def test_a_pattern_that_misses_characters_loses_no_text(text, pattern):
+    tok = Tokenizer([(97, 98)], pattern=pattern)  # one merge, so "ab" inside a gap is merged too
+    assert tok.decode(tok.encode_ordinary(text)) == text
+    assert list(tok.encode_iterable(text[i : i + 7] for i in range(0, len(text), 7))) == tok.encode_ordinary(text)
 
 
 def test_cut_utf8_decodes_with_replacement_characters():
