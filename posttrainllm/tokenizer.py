@@ -31,7 +31,7 @@ import tempfile
 import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
-from itertools import pairwise
+from itertools import chain, pairwise
 from pathlib import Path
 
 try:
@@ -438,10 +438,7 @@ class Tokenizer:
 
     def encode(self, text: str, allowed_special: set[str] | str = frozenset()) -> list[int]:
         """Token ids of ``text``. Special-token strings raise unless listed in ``allowed_special``."""
-        allowed = set(self.special_tokens) if allowed_special == "all" else set(allowed_special)
-        unknown = allowed - set(self.special_tokens)
-        if unknown:
-            raise ValueError(f"allowed_special names tokens this tokenizer does not have: {sorted(unknown)}")
+        allowed = self._allowed(allowed_special)
         self._check_special(text, allowed)
         if not allowed:
             return self.encode_ordinary(text)
@@ -453,23 +450,43 @@ class Tokenizer:
                 out.extend(self.encode_ordinary(part))
         return out
 
-    def encode_iterable(self, texts: Iterable[str]) -> Iterator[int]:
-        """Encode a stream of text pieces lazily, with memory bounded by the longest pre-token.
+    def encode_iterable(self, texts: Iterable[str], allowed_special: set[str] | str = frozenset()) -> Iterator[int]:
+        """Encode a stream of text pieces lazily: the ids of ``encode("".join(texts), allowed_special)``,
+        with memory bounded by the longest pre-token. A special token that is not allowed raises
+        ``ValueError`` when the stream reaches it, after the ids before it were yielded.
 
-        Pre-tokens can straddle two pieces, so the last pre-token of the buffer is held back
-        until more text arrives. The ids equal ``encode_ordinary("".join(texts))``.
+        A pre-token, or a special token, can straddle two pieces, so the end of the text that
+        could still grow into one is held back until more arrives.
         """
-        buffer = ""
-        for piece in texts:
-            buffer += piece
-            chunks = pretokens(self._split, buffer)
-            if len(chunks) < 2:
-                continue
-            for chunk in chunks[:-1]:
+        allowed = self._allowed(allowed_special)
+        hold = max(map(len, self.special_tokens), default=1) - 1  # how much of a special token can be unfinished
+        ordinary = pending = ""  # text whose last pre-token may still grow; text not yet scanned for specials
+        for piece in chain(texts, [None]):
+            last = piece is None
+            pending += piece or ""
+            limit = len(pending) if last else len(pending) - hold
+            start = 0
+            for found in self._special_split.finditer(pending) if self._special_split else ():
+                if found.end() > limit:
+                    limit = min(limit, found.start())
+                    break
+                self._check_special(found.group(), allowed)
+                yield from self.encode_ordinary(ordinary + pending[start : found.start()])
+                yield self.special_tokens[found.group()]
+                ordinary, start = "", found.end()
+            limit = max(start, limit)
+            chunks = pretokens(self._split, ordinary + pending[start:limit])
+            pending = pending[limit:]
+            ordinary = "" if last or not chunks else chunks.pop()
+            for chunk in chunks:
                 yield from self._encode_chunk(chunk)
-            buffer = chunks[-1]
-        for chunk in pretokens(self._split, buffer):
-            yield from self._encode_chunk(chunk)
+
+    def _allowed(self, allowed_special: set[str] | str) -> set[str]:
+        allowed = set(self.special_tokens) if allowed_special == "all" else set(allowed_special)
+        unknown = allowed - set(self.special_tokens)
+        if unknown:
+            raise ValueError(f"allowed_special names tokens this tokenizer does not have: {sorted(unknown)}")
+        return allowed
 
     # --- decoding -------------------------------------------------------------------------
 

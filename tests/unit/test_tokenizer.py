@@ -175,3 +175,23 @@ def test_cut_utf8_decodes_with_replacement_characters():
     tok = trained()
     ids = list("é".encode())  # two byte tokens; drop the second
     assert tok.decode(ids[:1]) == "\ufffd"
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=st.lists(st.sampled_from(["<|endoftext|>", "<|user|>", "<|end", "oftext|>", "a b", "é", " ", "<|"]),
+                      max_size=12),
+       cuts=st.lists(st.integers(1, 9), min_size=1, max_size=5))
+def test_streaming_handles_special_tokens_split_across_pieces(parts, cuts):
+    tok, text = trained(), "".join(parts)
+    pieces, i = [], 0
+    while i < len(text):
+        step = cuts[len(pieces) % len(cuts)]
+        pieces.append(text[i : i + step])
+        i += step
+    assert list(tok.encode_iterable(pieces, allowed_special="all")) == tok.encode(text, allowed_special="all")
+    allowed = {"<|user|>"}
+    if "<|endoftext|>" in text:
+        with pytest.raises(ValueError, match="not allowed"):
+            list(tok.encode_iterable(pieces, allowed_special=allowed))
+    else:
+        assert list(tok.encode_iterable(pieces, allowed_special=allowed)) == tok.encode(text, allowed_special=allowed)
