@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -84,7 +85,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
-    except (study.StudyQueueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        code = args.run(args)
+        sys.stdout.flush()  # inside the try, so a closed pipe is caught here and not at exit
+        return code
+    except BrokenPipeError:  # `posttrainllm study status | head -1`: the reader has what they wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's advice: no error at exit
+        return 0
+    except (study.StudyQueueError, OSError, UnicodeDecodeError) as err:
+        print(f"error: {_reason(err)}", file=sys.stderr)
         return 2
+
+
+def _reason(err: Exception) -> str:
+    """One line a reader can act on, for the errors a wrong path or a damaged file gives."""
+    if isinstance(err, IsADirectoryError):
+        return f"{err.filename} is a folder; give the study-queue file itself (book/study-queue.md)"
+    if isinstance(err, PermissionError):
+        return f"no permission to write or read {err.filename} ({err.strerror})"
+    if isinstance(err, UnicodeDecodeError):
+        return f"the study-queue file is not UTF-8 text ({err.reason} at byte {err.start})"
+    if isinstance(err, OSError) and err.filename:
+        return f"{err.filename}: {err.strerror}"
+    return str(err)

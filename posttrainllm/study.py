@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -123,6 +124,25 @@ def find(topics: list[Topic], name: str) -> Topic:
     )
 
 
+# Markdown that would end the field on the book's page: a heading, list item, quote, table row or
+# code fence at the start of a line, and raw HTML tags anywhere.
+_BLOCK_START = re.compile(r"^(#{1,6}\s|[-*+]\s|\d+[.)]\s|>|\||```|~~~)")
+_HTML_TAG = re.compile(r"<[A-Za-z/!?]")
+
+
+def _refuse_markup(line: str) -> None:
+    if _BLOCK_START.match(line):
+        raise StudyQueueError(
+            f'a line of the answer starts with "{_BLOCK_START.match(line)[0].strip()}", which the book would '
+            "render as a heading, list, quote, table or code block outside this topic: reword that line."
+        )
+    if _HTML_TAG.search(re.sub(r"`[^`]*`", "", line)):  # code spans show tags as text
+        raise StudyQueueError(
+            "the answer holds an HTML tag (<...), which the book would render as HTML: write it without "
+            "angle brackets, or put the code in `backticks`."
+        )
+
+
 def _render_why(text: str, eol: str) -> str:
     paragraphs = text.strip().splitlines()
     if not paragraphs:
@@ -132,6 +152,8 @@ def _render_why(text: str, eol: str) -> str:
             'the "Why here" text has a blank line: keep it to one paragraph '
             "(line breaks are fine, blank lines would end the field)."
         )
+    for line in paragraphs:
+        _refuse_markup(line.strip())
     first, *rest = (p.strip() for p in paragraphs)
     return "".join([f"- Why here: {first}{eol}", *(f"  {p}{eol}" for p in rest)])
 
@@ -180,7 +202,16 @@ def _write_atomic(path: Path, data: bytes) -> None:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
-        os.chmod(tmp, path.stat().st_mode & 0o777)
+        before = path.stat()
+        os.chmod(tmp, before.st_mode & 0o7777)
+        if (before.st_uid, before.st_gid) != (os.stat(tmp).st_uid, os.stat(tmp).st_gid):
+            try:
+                os.chown(tmp, before.st_uid, before.st_gid)
+            except PermissionError:
+                raise StudyQueueError(
+                    f"{path} belongs to another user or group, which this write could not keep: "
+                    "fill it as its owner"
+                ) from None
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -191,6 +222,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
 def fill(name: str, why: str, *, force: bool = False, path: Path | None = None) -> Topic:
     """Write topic ``name``'s "Why here" into the study queue file and return the updated topic."""
     path = Path(path or default_path())
+    if path.is_file() and not path.stat().st_mode & stat.S_IWUSR:
+        raise StudyQueueError(f"{path} is read-only (its mode is {stat.filemode(path.stat().st_mode)}): "
+                              "make it writable first if you mean to fill it")
     with _locked(path):
         # newline="" keeps \r\n files as they are; reading inside the lock sees every earlier fill
         with open(path, encoding="utf-8", newline="") as handle:

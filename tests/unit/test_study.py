@@ -228,3 +228,46 @@ def test_the_console_script_runs_as_a_module():
         [sys.executable, "-m", "posttrainllm", "study", "status"], capture_output=True, text=True, check=True
     ).stdout
     assert sum(line.startswith("[") for line in out.splitlines()) == 19 and "taught in:" in out
+
+
+def test_a_read_only_queue_is_refused_and_a_writable_one_keeps_its_mode(queue_copy):
+    before = queue_copy.read_bytes()
+    queue_copy.chmod(0o444)
+    with pytest.raises(study.StudyQueueError, match="read-only"):
+        study.fill("Online softmax", "An answer.", path=queue_copy)
+    assert queue_copy.read_bytes() == before
+    queue_copy.chmod(0o640)
+    study.fill("Online softmax", "An answer.", path=queue_copy)
+    assert queue_copy.stat().st_mode & 0o7777 == 0o640
+
+
+@pytest.mark.parametrize("answer, why", [
+    ("Fine.\n## Fake topic", "heading"),
+    ("Fine.\n- What: injected", "heading, list"),
+    ("See <script>alert(1)</script>", "HTML tag"),
+    ("> quoted", "quote"),
+    ("| a | b |", "table"),
+])
+def test_an_answer_cannot_leave_its_field(queue_copy, answer, why):
+    before = queue_copy.read_bytes()
+    with pytest.raises(study.StudyQueueError, match=why):
+        study.fill("Online softmax", answer, path=queue_copy)
+    assert queue_copy.read_bytes() == before
+    study.fill("Online softmax", "Because x < y holds for the max, and `<T>` is code.", path=queue_copy)
+
+
+def test_cli_gives_one_error_line_for_bad_paths(tmp_path, capsys):
+    binary = tmp_path / "queue.bin"
+    binary.write_bytes(b"\xff\xfe\x00\x81" * 10)
+    for path, words in [(tmp_path, "is a folder"), (binary, "not UTF-8"), (tmp_path / "nope.md", "No such file")]:
+        assert main(["study", "--file", str(path), "status"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and words in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_status_into_a_closed_pipe_exits_quietly():  # as in `posttrainllm study status | head -1`
+    proc = subprocess.Popen([sys.executable, "-m", "posttrainllm", "study", "status"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first line is written
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 0 and err == ""
