@@ -131,9 +131,9 @@ _HTML_TAG = re.compile(r"<[A-Za-z/!?]")
 
 
 def _refuse_markup(line: str) -> None:
-    if _BLOCK_START.match(line):
+    if block := _BLOCK_START.match(line):
         raise StudyQueueError(
-            f'a line of the answer starts with "{_BLOCK_START.match(line)[0].strip()}", which the book would '
+            f'a line of the answer starts with "{block[0].strip()}", which the book would '
             "render as a heading, list, quote, table or code block outside this topic: reword that line."
         )
     if _HTML_TAG.search(re.sub(r"`[^`]*`", "", line)):  # code spans show tags as text

@@ -1,5 +1,6 @@
 """The GitHub workflows: actionlint finds nothing, and they run exactly what `.ci/run` runs."""
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def test_the_test_job_is_ci_run_in_the_same_debian():
     os_release = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().split() if "=" in line)
     # .ci/run's apt package names and paths are Debian's; the job runs it in that release's container
     assert job["container"] == "debian:bookworm"
-    if os_release.get("ID") == "debian":
+    if os.environ.get("CI") == "true" and os_release.get("ID") == "debian":  # on a reader's laptop any OS will do
         assert os_release.get("VERSION_CODENAME") == "bookworm", "the CI host moved: update the workflow's container"
     runs = [step["run"] for step in job["steps"] if "run" in step]
     assert "bash .ci/run" in runs and not any("make " in r for r in runs)
