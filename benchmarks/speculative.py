@@ -26,7 +26,7 @@ from common import RESULTS, write_result  # noqa: E402
 from posttrainllm import speculative  # noqa: E402
 from posttrainllm.evals import greedy_continuation  # noqa: E402
 from posttrainllm.model import GPT, GPTConfig  # noqa: E402
-from posttrainllm.pretrained import Recipe, base_model, corpus_split  # noqa: E402
+from posttrainllm.pretrained import SPECULATIVE_DRAFT, SPECULATIVE_TARGET, base_model, corpus_split  # noqa: E402
 from posttrainllm.sae import SparseAutoencoder, train_sae  # noqa: E402
 
 
@@ -35,8 +35,8 @@ def models(quick: bool):
         target = GPT(GPTConfig(vocab_size=64, block_size=64, n_layer=3, n_head=2, n_embd=32)).eval()
         draft = GPT(GPTConfig(vocab_size=64, block_size=64, n_layer=1, n_head=1, n_embd=8, seed=1)).eval()
         return target, draft, np.random.default_rng(0).integers(0, 64, 5000)
-    target, tok = base_model(Recipe(n_layer=6, n_embd=128))
-    draft, _ = base_model(Recipe(n_layer=1, n_embd=32))
+    target, tok = base_model(SPECULATIVE_TARGET)
+    draft, _ = base_model(SPECULATIVE_DRAFT)
     return target, draft, corpus_split(tok)[1]
 
 
