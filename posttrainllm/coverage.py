@@ -18,7 +18,7 @@ from posttrainllm.checkout import repo_root
 from posttrainllm.study import headings, slugify
 
 # Modules that run the book rather than teach a concept; the map lists them apart.
-TOOLING = {"__main__", "checkout", "cli", "coverage", "serve"}
+TOOLING = {"__main__", "atomic", "checkout", "cli", "coverage", "serve"}
 ASSET_DIRS = ("webgpu", "wasm")
 ASSET_SUFFIXES = {".wgsl", ".js", ".mjs", ".c", ".cc", ".cpp", ".h", ".hpp"}
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 import random
 import re
-import tempfile
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from posttrainllm import atomic
 
 REGISTERS = ("plain", "storybook")
 
@@ -247,10 +248,7 @@ def load_text(url: str, cache_dir: Path | None = None, timeout: float = 30.0) ->
                 f"could not download {url} ({err}). Without a network, use the built-in corpus: "
                 "posttrainllm.data.corpus()"
             ) from err
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".part")
-        with os.fdopen(fd, "wb") as out:
-            out.write(payload)
-        os.replace(tmp, target)
+        atomic.write_bytes(target, payload)
     return target.read_text(encoding="utf-8")
 
 

@@ -22,11 +22,11 @@ import json
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from posttrainllm import atomic
 from posttrainllm.checkout import repo_root
 
 UNFILLED = {"", "TBD"}
@@ -195,13 +195,9 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside ``path``, then rename: a crash leaves old or new, never half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
+    """Replace ``path`` atomically, keeping its mode, owner and group."""
+    with atomic.replacing(path) as tmp:
+        tmp.write_bytes(data)
         before = path.stat()
         os.chmod(tmp, before.st_mode & 0o7777)
         if (before.st_uid, before.st_gid) != (os.stat(tmp).st_uid, os.stat(tmp).st_gid):
@@ -212,11 +208,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
                     f"{path} belongs to another user or group, which this write could not keep: "
                     "fill it as its owner"
                 ) from None
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def fill(name: str, why: str, *, force: bool = False, path: Path | None = None) -> Topic:

@@ -27,12 +27,13 @@ import heapq
 import json
 import os
 import re
-import tempfile
 import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from itertools import chain, pairwise
 from pathlib import Path
+
+from posttrainllm import atomic
 
 try:
     import regex
@@ -527,10 +528,7 @@ class Tokenizer:
         path = Path(path)
         lines = [FORMAT, f"pattern {json.dumps(self.pattern)}", f"special {json.dumps(self.special_tokens)}"]
         lines += [f"merges {len(self.merges)}", *(f"{a} {b}" for a, b in self.merges)]
-        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write("\n".join(lines) + "\n")
-        os.replace(tmp, path)
+        atomic.write_text(path, "\n".join(lines) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:

@@ -8,8 +8,6 @@ checkpoint can never run code from the file.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from posttrainllm import atomic
 from posttrainllm.data import get_batch
 from posttrainllm.model import GPT, GPTConfig, KVCache
 from posttrainllm.optim import clip_grad_norm, set_lr
@@ -125,15 +124,8 @@ def greedy(model: GPT, context: list[int], max_tokens: int, stop: int | None = N
 
 def save_file(payload: dict, path: str | Path) -> None:
     """``torch.save`` written atomically: a crash leaves the old file or the new, never half."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic.replacing(path) as tmp:
         torch.save(payload, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def load_file(path: str | Path, marker: str, what: str, kind: str) -> dict:

@@ -1,0 +1,43 @@
+"""Atomic file writes: a reader, or a crash part-way, sees the old file or the new one — never half.
+
+Every file the package writes (tokenizer vocabularies, checkpoints, the cache, the study queue)
+goes through :func:`replacing`: write a temporary file beside the target, flush it to disk, then
+rename it over the target in one step (``os.replace`` is atomic on POSIX and Windows alike).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def replacing(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` to write; when the block ends without an error, the
+    file is synced and moved over ``path``. On an error it is removed and ``path`` is untouched."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "ab") as written:  # on disk before the rename, so a power cut cannot leave it empty
+            os.fsync(written.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """``Path(path).write_bytes(data)``, atomically."""
+    with replacing(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """``Path(path).write_text(text)`` in UTF-8, atomically."""
+    write_bytes(path, text.encode("utf-8"))
