@@ -156,6 +156,9 @@ def load_adapter(model: nn.Module, path: str | Path) -> str:
     for layer_name in wanted:
         layer = adapted[layer_name]
         a, b = tensors[f"{layer_name}.A"], tensors[f"{layer_name}.B"]
+        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
+            raise ValueError(f"{path}: layer {layer_name}'s A {tuple(a.shape)} and B {tuple(b.shape)} "
+                             "do not share a rank")
         if b.shape[0] != layer.base.weight.shape[0] or a.shape[1] != layer.base.weight.shape[1]:
             raise ValueError(f"{path}: layer {layer_name} has shape {tuple(layer.base.weight.shape)}, "
                              f"the adapter expects {(b.shape[0], a.shape[1])}")

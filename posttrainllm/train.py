@@ -8,8 +8,9 @@ checkpoint can never run code from the file.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import numpy as np
@@ -122,10 +123,32 @@ def greedy(model: GPT, context: list[int], max_tokens: int, stop: int | None = N
     return out
 
 
+def _digest(value, hasher=None) -> str:
+    """SHA-256 of a payload's contents: keys, tensors' dtypes, shapes and bytes, other values' reprs.
+    ``torch.load`` reads a flipped byte inside tensor data without complaint; this catches it."""
+    hasher = hasher or hashlib.sha256()
+    if isinstance(value, dict):
+        for key in sorted(value, key=repr):
+            hasher.update(repr(key).encode())
+            _digest(value[key], hasher)
+    elif isinstance(value, list | tuple):
+        hasher.update(f"{type(value).__name__}[{len(value)}]".encode())
+        for item in value:
+            _digest(item, hasher)
+    elif isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        hasher.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        hasher.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    else:
+        hasher.update(repr(value).encode())
+    return hasher.hexdigest()
+
+
 def save_file(payload: dict, path: str | Path) -> None:
-    """``torch.save`` written atomically: a crash leaves the old file or the new, never half."""
+    """``torch.save`` written atomically (a crash leaves the old file or the new, never half), with a
+    SHA-256 of the contents that :func:`load_file` checks."""
     with atomic.replacing(path) as tmp:
-        torch.save(payload, tmp)
+        torch.save({**payload, "sha256": _digest(payload)}, tmp)
 
 
 def load_file(path: str | Path, marker: str, what: str, kind: str) -> dict:
@@ -142,6 +165,10 @@ def load_file(path: str | Path, marker: str, what: str, kind: str) -> dict:
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != marker:
         raise ValueError(f"{path} is not a posttrainllm {what} (no {marker!r} marker)")
+    stored = payload.pop("sha256", None)
+    if stored != _digest(payload):
+        why = "has no checksum (written by an older version)" if stored is None else "fails its checksum (damaged)"
+        raise ValueError(f"{path} {why}: delete it and save or build it again")
     return payload
 
 
@@ -154,9 +181,17 @@ def load_checkpoint(path: str | Path) -> GPT:
     """Rebuild the model, in the dtype it was saved in. A truncated, corrupt or foreign file raises
     ``ValueError`` saying so."""
     payload = load_file(path, CHECKPOINT_FORMAT, "GPT checkpoint", "checkpoint")
-    state = payload["state_dict"]
+    state, config = payload.get("state_dict"), payload.get("config")
+    if not isinstance(state, dict) or not isinstance(config, dict):
+        raise ValueError(f"{path} has no model config or no state dict")
+    unknown = sorted(set(config) - {f.name for f in fields(GPTConfig)})
+    if unknown:
+        raise ValueError(f"{path}: unknown config keys {unknown} (saved by another version?)")
     # in the dtype it was saved in (the book's models are float64), not the caller's default
     dtype = next((t.dtype for t in state.values() if t.is_floating_point()), torch.get_default_dtype())
-    model = GPT(GPTConfig(**payload["config"])).to(dtype)
-    model.load_state_dict(state)
+    model = GPT(GPTConfig(**config)).to(dtype)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:  # missing or extra weights, or the wrong shapes for its config
+        raise ValueError(f"{path}: the weights do not fit the model its config describes: {err}") from None
     return model
