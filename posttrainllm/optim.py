@@ -119,8 +119,9 @@ class Adam(AdamW):
 
 
 def warmup_cosine(step: int, max_lr: float, warmup: int, total: int, min_lr: float = 0.0) -> float:
-    """Learning rate at ``step``: linear warmup from 0 over ``warmup`` steps, then a half cosine
-    from ``max_lr`` down to ``min_lr`` at ``total``; ``min_lr`` after that."""
+    """Learning rate at ``step`` (counted from 0): a linear warmup, ``max_lr * (step + 1) / warmup``,
+    so step 0 already trains at ``max_lr / warmup`` and step ``warmup - 1`` reaches ``max_lr``; then
+    a half cosine from ``max_lr`` at step ``warmup`` down to ``min_lr`` at ``total``; ``min_lr`` after."""
     if step < warmup:
         return max_lr * (step + 1) / warmup
     if step >= total:
