@@ -23,6 +23,7 @@ Conventions, all tested:
 from __future__ import annotations
 
 import functools
+import hashlib
 import heapq
 import json
 import os
@@ -45,7 +46,8 @@ GPT2_SPLIT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?
 GPT4_SPLIT = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
-FORMAT = "posttrainllm-bpe v1"
+FORMAT = "posttrainllm-bpe v2"
+FORMAT_V1 = "posttrainllm-bpe v1"  # the same without the closing checksum line; still read
 
 # What the regex module's \s matches (Unicode's White_Space property). The standard library's \s
 # also matches U+001C-U+001F, so it is spelled out rather than borrowed.
@@ -360,6 +362,11 @@ def _checked_specials(special: dict, n_vocab: int) -> dict[str, int]:
     return special
 
 
+def _checksum(lines: list[str]) -> str:
+    """The closing line of a saved tokenizer file: a SHA-256 of the lines before it."""
+    return "sha256 " + hashlib.sha256("".join(f"{line}\n" for line in lines).encode("utf-8")).hexdigest()
+
+
 class Tokenizer:
     """A trained byte-level BPE: merges, a pre-tokenisation pattern and special tokens."""
 
@@ -519,27 +526,40 @@ class Tokenizer:
     def save(self, path: str | Path) -> None:
         """Write the documented text format, atomically::
 
-            posttrainllm-bpe v1
+            posttrainllm-bpe v2
             pattern <the split regex, as a JSON string>
             special <JSON object: token string -> id>
             merges <N>
             <left id> <right id>        (N lines; line i creates id 256 + i)
+            sha256 <hex digest of every line above, each ending in a newline>
+
+        The checksum catches what the structure cannot: a changed digit in a merge line is still a
+        well-formed file, of another tokenizer.
         """
-        path = Path(path)
         lines = [FORMAT, f"pattern {json.dumps(self.pattern)}", f"special {json.dumps(self.special_tokens)}"]
         lines += [f"merges {len(self.merges)}", *(f"{a} {b}" for a, b in self.merges)]
-        atomic.write_text(path, "\n".join(lines) + "\n")
+        atomic.write_text(path, "\n".join([*lines, _checksum(lines)]) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
-        """Read :meth:`save`'s format; a foreign, truncated or corrupt file gives a clear error."""
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        """Read :meth:`save`'s format (or v1, which had no checksum); a foreign, truncated or corrupt
+        file gives a clear error."""
 
         def fail(why: str) -> ValueError:
             return ValueError(f"{path} is not a valid tokenizer file: {why}")
 
-        if not lines or lines[0] != FORMAT:
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as err:
+            raise fail(f"it is not UTF-8 text (byte {err.start})") from None
+        if not lines or lines[0] not in (FORMAT, FORMAT_V1):
             raise fail(f"the first line should be {FORMAT!r}")
+        if lines[0] == FORMAT:
+            if not lines[-1].startswith("sha256 "):
+                raise fail("it does not end with its checksum line (truncated?)")
+            if lines[-1] != _checksum(lines[:-1]):
+                raise fail("its contents do not match its checksum (damaged, or edited by hand)")
+            lines = lines[:-1]
         try:
             pattern = json.loads(lines[1].removeprefix("pattern "))
             special = json.loads(lines[2].removeprefix("special "))

@@ -1,6 +1,7 @@
-"""Fault injection: every kind of file written through ``train.save_file`` (checkpoints, LoRA adapters,
-the fine-tuned model cache) is, after damage anywhere in it, either refused with ``ValueError`` or
-read back exactly as written — never silently different. The base-model cache rebuilds instead."""
+"""Fault injection: every kind of file the package writes with weights or merges in it (checkpoints,
+LoRA adapters, the fine-tuned model cache, tokenizer files) is, after damage anywhere in it, either
+refused with ``ValueError`` or read back exactly as written — never silently different. The
+base-model cache rebuilds instead. (The study queue's own damage tests are in test_study.py.)"""
 
 import dataclasses
 
@@ -10,8 +11,10 @@ import torch
 
 from posttrainllm import lora
 from posttrainllm import train as training
+from posttrainllm.data import corpus
 from posttrainllm.model import GPT, GPTConfig
 from posttrainllm.pretrained import Recipe, base_model
+from posttrainllm.tokenizer import Tokenizer
 
 SMALL = GPTConfig(vocab_size=50, block_size=24, n_layer=2, n_head=2, n_embd=16)
 TARGETS = ("attn.qkv", "mlp.up")
@@ -110,3 +113,22 @@ def test_a_bit_flipped_cached_base_model_is_rebuilt(tmp_path):
     weights.write_bytes(bytes(data))
     rebuilt, _ = base_model(tiny, cache_dir=tmp_path)
     assert states_equal(model.state_dict(), rebuilt.state_dict())
+
+
+def test_a_damaged_tokenizer_file_is_refused_or_read_exactly(tmp_path):
+    tok = Tokenizer.train(corpus(5_000), 300, special_tokens=("<|endoftext|>",))
+    path = tmp_path / "tok.bpe"
+    tok.save(path)
+    text = path.read_text()
+    digits = [i for i, c in enumerate(text) if c.isdigit()]
+    for i in np.random.default_rng(0).choice(digits, 40, replace=False):  # still well-formed: another tokenizer
+        edited = tmp_path / "edited.bpe"
+        edited.write_text(text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1 :])
+        with pytest.raises(ValueError, match="not a valid tokenizer file"):
+            Tokenizer.load(edited)
+    for copy in damaged_copies(path, tmp_path):
+        try:
+            again = Tokenizer.load(copy)
+        except ValueError:
+            continue
+        assert (again.merges, again.special_tokens, again.pattern) == (tok.merges, tok.special_tokens, tok.pattern)

@@ -7,7 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrainllm import data
-from posttrainllm.tokenizer import GPT2_SPLIT, Tokenizer, count_words, train_merges, train_naive
+from posttrainllm.tokenizer import (
+    FORMAT,
+    FORMAT_V1,
+    GPT2_SPLIT,
+    Tokenizer,
+    _checksum,
+    count_words,
+    train_merges,
+    train_naive,
+)
 
 TEXT = data.corpus(60_000, seed=3)
 
@@ -147,11 +156,35 @@ def n_ids(text: str) -> int:  # the first id after the merges: where special tok
     ],
 )
 def test_a_damaged_file_gives_a_clear_error(tmp_path, damage, message):
+    """Each damage is made well-formed again — a fresh checksum, as a hand-written file would carry —
+    so that the structural check behind the checksum is what answers."""
     path = tmp_path / "tok.bpe"
     trained().save(path)
-    path.write_text(damage(path.read_text()))
+    body = damage("".join(path.read_text().splitlines(keepends=True)[:-1]))
+    path.write_text(body if body.startswith("hello") else body + _checksum(body.splitlines()) + "\n")
     with pytest.raises(ValueError, match=message):
         Tokenizer.load(path)
+
+
+def test_the_checksum_catches_a_well_formed_change_and_truncation(tmp_path):
+    tok, path = trained(), tmp_path / "tok.bpe"
+    tok.save(path)
+    text = path.read_text()
+    assert text.splitlines()[-1].startswith("sha256 ")
+    merge = next(line for line in text.splitlines()[4:-1] if len(set(line.split())) == 2)
+    edited = text.replace(f"\n{merge}\n", f"\n{merge.split()[1]} {merge.split()[0]}\n", 1)  # another valid merge
+    path.write_text(edited)
+    with pytest.raises(ValueError, match="do not match its checksum"):
+        Tokenizer.load(path)
+    path.write_text("".join(text.splitlines(keepends=True)[:-3]))
+    with pytest.raises(ValueError, match="truncated"):
+        Tokenizer.load(path)
+    path.write_bytes(text.encode()[:20] + b"\xff\xfe" + text.encode()[20:])
+    with pytest.raises(ValueError, match="not UTF-8"):
+        Tokenizer.load(path)
+    v1 = text.replace(FORMAT, FORMAT_V1, 1).splitlines(keepends=True)[:-1]  # written before checksums: still read
+    path.write_text("".join(v1))
+    assert Tokenizer.load(path).merges == tok.merges
 
 
 def test_bad_arguments():
