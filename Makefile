@@ -61,11 +61,7 @@ else
 SECOND_PATH := ATEN_CPU_CAPABILITY=default OPENBLAS_NUM_THREADS=1
 endif
 SECOND_CACHE := _build/second-path-cache
-# Module 10 is not on it yet: its GRPO runs are chaotic — from SFT weights 4e-8 apart (module 9's
-# LoRA r=4 on each path) the two runs' weights grow apart about 10x per 10 steps, a sampled token
-# flips near step 86 and the last steps' rewards and the greedy exact match differ — and it
-# alone takes 18 minutes on this path.
-SECOND_PATH_NOTEBOOKS := $(wildcard notebooks/0[1-9]-*.ipynb)
+SECOND_PATH_NOTEBOOKS := $(wildcard notebooks/[0-9][0-9]-*.ipynb)
 
 test: install vendor
 	$(BIN)/ruff check .

@@ -157,9 +157,15 @@ def reply(model: GPT, tokenizer: Tokenizer, prompt: str, max_tokens: int = 48) -
     return tokenizer.decode(greedy(model, ids, room, stop=tokenizer.special_tokens[END]))
 
 
+def right_answers(model: GPT, tokenizer: Tokenizer, test_set: list[Example]) -> np.ndarray:
+    """Per prompt, whether the greedy reply is exactly the right response (whitespace-trimmed): the
+    paired scores that :mod:`posttrainllm.comparison` compares models with."""
+    return np.array([reply(model, tokenizer, e.prompt).strip() == e.response for e in test_set], dtype=bool)
+
+
 def exact_match(model: GPT, tokenizer: Tokenizer, test_set: list[Example]) -> float:
     """Fraction of prompts answered with exactly the right response (whitespace-trimmed)."""
-    return float(np.mean([reply(model, tokenizer, e.prompt).strip() == e.response for e in test_set]))
+    return float(right_answers(model, tokenizer, test_set).mean())
 
 
 class StyleScore:

@@ -65,3 +65,18 @@ def test_with_a_large_kl_coefficient_the_policy_stays_at_the_reference(tok, poli
     loose = rl.train_grpo(free, reference, tok, prompts, reward, steps=3, prompts_per_step=4, group_size=4,
                           lr=1e-2, kl_coef=0.0, max_tokens=6)
     assert loose["kl"][-1] > 10 * max(history["kl"][-1], 1e-6)
+
+
+def test_a_reproducible_start_rounds_away_differences_far_below_its_grid(policy):
+    policy.eval()
+    nudged = copy.deepcopy(policy)
+    with torch.no_grad():  # what another CPU's rounding leaves after training: 1e-9 on every weight
+        for p in nudged.parameters():
+            p.add_(1e-9 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    a, b = rl.reproducible_start(policy), rl.reproducible_start(nudged)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    for (name, p), q in zip(policy.named_parameters(), a.parameters(), strict=True):
+        grid = 2.0**-8 if p.requires_grad else 2.0**-12
+        assert q.dtype == torch.float64 and p.dtype == torch.float32  # a copy; the model is untouched
+        assert torch.equal(torch.round(q / grid) * grid, q), name
+        assert (q - p.double()).abs().max() <= grid / 2, name
