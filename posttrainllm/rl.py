@@ -47,7 +47,8 @@ def reproducible_start(model: GPT, trainable_grid: float = 2.0**-8, frozen_grid:
     lies within that distance of a rounding boundary, which for module 9's adapter is expected
     once in about a hundred CPU pairs — and in float64 two such runs were 2e-13 apart after 100
     steps (measured at lr 1e-3), too little to flip a sampled token. The rounding moves no weight
-    by more than half a grid step, and did not change module 9's held-out exact match."""
+    by more than half a grid step; module 9's adapter answered one held-out question of 400 fewer
+    after it (169 -> 168), and the same 36 of the first 90."""
     start = copy.deepcopy(model).double()
     with torch.no_grad():
         for p in start.parameters():
