@@ -48,7 +48,7 @@ def reproducible_start(model: GPT, trainable_grid: float = 2.0**-8, frozen_grid:
     once in about a hundred CPU pairs — and in float64 two such runs were 2e-13 apart after 100
     steps (measured at lr 1e-3), too little to flip a sampled token. The rounding moves no weight
     by more than half a grid step; module 9's adapter answered one held-out question of 400 fewer
-    after it (169 -> 168), and the same 36 of the first 90."""
+    after it (169 -> 168), and 36 of the first 90 before and after."""
     start = copy.deepcopy(model).double()
     with torch.no_grad():
         for p in start.parameters():
