@@ -29,13 +29,18 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def _scores(right) -> np.ndarray:
+    right = np.asarray(right)
+    if right.ndim != 1 or not np.isin(right, (0, 1)).all():
+        raise ValueError("scores are one right (1/True) or wrong (0/False) per question, in a 1-D array")
+    return right.astype(bool)
+
+
 def _paired(a, b) -> tuple[np.ndarray, np.ndarray]:
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"paired scores need two 1-D arrays over the same questions, got {a.shape} and {b.shape}")
-    if not (np.isin(a, (0, 1)).all() and np.isin(b, (0, 1)).all()):
-        raise ValueError("paired scores are right (1/True) or wrong (0/False) per question")
-    return a.astype(bool), b.astype(bool)
+    a, b = _scores(a), _scores(b)
+    if a.shape != b.shape:
+        raise ValueError(f"paired scores are over the same questions, got {a.size} and {b.size} of them")
+    return a, b
 
 
 def mcnemar_p(a, b) -> float:
@@ -70,11 +75,12 @@ class Scoreboard:
     def add(self, name: str, right, **columns: str) -> None:
         """Add a model's per-question right/wrong (the same questions, in the same order, for
         every model) and any extra columns, already formatted as text."""
-        right = np.asarray(right)
-        if self.right and right.shape != next(iter(self.right.values())).shape:
-            raise ValueError(f"{name!r} was scored on {right.size} questions, the others on "
-                             f"{next(iter(self.right.values())).size}: a scoreboard compares the same questions")
-        self.right[name] = _paired(right, right)[0]
+        right = _scores(right)
+        others = next(iter(self.right.values()), right)
+        if right.shape != others.shape:
+            raise ValueError(f"{name!r} was scored on {right.size} questions, the others on {others.size}: "
+                             "a scoreboard compares the same questions")
+        self.right[name] = right
         self.columns[name] = columns
 
     def accuracy(self, name: str) -> float:
