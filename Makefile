@@ -81,11 +81,11 @@ lab: install
 	$(BIN)/python -m ipykernel install --user --name posttrainllm --display-name "Python (posttrainllm)"
 	$(BIN)/jupyter lab notebooks/
 
-# Rebuild the WASM trainer (wasm/*.cpp -> wasm/dist) with Emscripten, after changing its source.
+# Rebuild the WASM trainer (posttrainllm/assets/wasm/*.cpp -> posttrainllm/assets/wasm/dist) with Emscripten, after changing its source.
 # The builds are committed, so reading the book needs no toolchain; the tests rebuild them and
 # check that the committed files are identical.
 wasm: install
-	PYTHON=$(abspath $(BIN))/python bash wasm/build.sh
+	PYTHON=$(abspath $(BIN))/python bash posttrainllm/assets/wasm/build.sh
 
 # Re-execute every notebook in place after changing it or the package (stores outputs and
 # widget state); `make test` then checks the stored outputs with nbval.

@@ -1,6 +1,6 @@
-"""The WGSL kernels (``webgpu/*.wgsl``) timed through wgpu-py, beside torch in the same run.
+"""The WGSL kernels (``posttrainllm/assets/webgpu/*.wgsl``) timed through wgpu-py, beside torch in the same run.
 
-- matmul: every variant in ``webgpu/kernels.json`` at square sizes, GFLOP/s and the largest
+- matmul: every variant in ``posttrainllm/assets/webgpu/kernels.json`` at square sizes, GFLOP/s and the largest
   error against a float64 reference; beside ``torch.matmul`` in fp32 with TF32 off when CUDA is
   there (the goal: the best WGSL kernel at 50% of it or more).
 - attention: naive vs FlashAttention-2 causal forward, 8 heads of 64, growing context (the goal:

@@ -38,9 +38,10 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def _coverage(_args: argparse.Namespace) -> int:
-    missing = coverage.untaught()
-    for item, sections in coverage.coverage_map().items():
+def _coverage(args: argparse.Namespace) -> int:
+    root = coverage.book_root(args.root)
+    missing = coverage.untaught(root)
+    for item, sections in coverage.coverage_map(root).items():
         where = "; ".join(f"{s.notebook} § {s.title}" for s in sections) or "-"
         print(f"{item:36s} {where}")
     if missing:
@@ -73,9 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     st_sub.add_parser("check", help="fail if a topic's teaching anchor is missing or broken").set_defaults(
         run=_check
     )
-    sub.add_parser("coverage", help="which notebook section teaches each module").set_defaults(
-        run=_coverage
-    )
+    cov = sub.add_parser("coverage", help="which notebook section teaches each module")
+    cov.add_argument("--root", type=Path, default=None, help="a clone of the book (default: the one you are in)")
+    cov.set_defaults(run=_coverage)
     sub.add_parser("models", help="train the notebooks' shared models into the cache, once").set_defaults(
         run=_models
     )

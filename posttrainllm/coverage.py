@@ -18,8 +18,8 @@ from posttrainllm.checkout import repo_root
 from posttrainllm.study import headings, slugify
 
 # Modules that run the book rather than teach a concept; the map lists them apart.
-TOOLING = {"__main__", "atomic", "checkout", "cli", "coverage", "serve"}
-ASSET_DIRS = ("webgpu", "wasm")
+TOOLING = {"__main__", "assets", "atomic", "checkout", "cli", "coverage", "serve"}
+ASSET_DIRS = ("posttrainllm/assets",)
 ASSET_SUFFIXES = {".wgsl", ".js", ".mjs", ".c", ".cc", ".cpp", ".h", ".hpp"}
 
 
@@ -30,6 +30,22 @@ class Section:
     anchor: str  # "" for code above the notebook's first section: the page itself
 
 
+def book_root(root: Path | None = None) -> Path:
+    """The clone of the book whose notebooks the map reads: ``root``, or the one around us."""
+    if root is None:
+        try:
+            return repo_root()
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                "the coverage map reads a book's notebooks: run it inside a clone of the book, "
+                "or name one (posttrainllm coverage --root path/to/clone)"
+            ) from None
+    root = Path(root)
+    if not (root / "notebooks").is_dir():
+        raise FileNotFoundError(f"{root} has no notebooks/ folder: give the top folder of a clone of the book")
+    return root
+
+
 def package_modules() -> list[str]:
     """Every module of the package, by short name (``"linear"``, ``"study"``, …)."""
     return sorted(m.name for m in pkgutil.iter_modules(posttrainllm.__path__))
@@ -37,13 +53,9 @@ def package_modules() -> list[str]:
 
 def asset_files(root: Path) -> list[str]:
     """WGSL kernels, their JS runtime and the WASM trainer's sources, relative to ``root``."""
-    return sorted(
-        p.relative_to(root).as_posix()
-        for d in ASSET_DIRS
-        if (root / d).is_dir()
-        for p in (root / d).rglob("*")
-        if p.suffix in ASSET_SUFFIXES and not {"build", "dist", "node_modules"} & set(p.parts)
-    )
+    found = (p.relative_to(root) for d in ASSET_DIRS if (root / d).is_dir() for p in (root / d).rglob("*"))
+    skip = {"build", "dist", "node_modules"}  # built output, not source
+    return sorted(p.as_posix() for p in found if p.suffix in ASSET_SUFFIXES and not skip & set(p.parts))
 
 
 def modules_used(code: str) -> set[str]:
@@ -93,8 +105,9 @@ def teaching_pages(root: Path) -> list[Path]:
 
 
 def coverage_map(root: Path | None = None) -> dict[str, list[Section]]:
-    """``{"posttrainllm.linear": [Section, …], "webgpu/matmul.wgsl": […], …}`` in a stable order."""
-    root = Path(root or repo_root())
+    """``{"posttrainllm.linear": [Section, …], "posttrainllm/assets/webgpu/matmul_tiled.wgsl": […], …}``,
+    in a stable order."""
+    root = book_root(root)
     items = {f"posttrainllm.{m}": [] for m in package_modules()}
     assets = asset_files(root)
     items.update({a: [] for a in assets})

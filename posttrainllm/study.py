@@ -73,7 +73,15 @@ class Topic:
 def default_path() -> Path:
     """The study queue this checkout's book renders (``POSTTRAINLLM_STUDY_QUEUE`` overrides)."""
     env = os.environ.get("POSTTRAINLLM_STUDY_QUEUE")
-    return Path(env) if env else repo_root() / "book" / "study-queue.md"
+    if env:
+        return Path(env)
+    try:
+        return repo_root() / "book" / "study-queue.md"
+    except FileNotFoundError:
+        raise StudyQueueError(
+            "no study queue here: run inside a clone of the book, or name the file "
+            "(posttrainllm study --file path/to/study-queue.md …, or POSTTRAINLLM_STUDY_QUEUE)"
+        ) from None
 
 
 def parse(text: str) -> list[Topic]:
@@ -272,7 +280,7 @@ def headings(path: Path, max_level: int = 3) -> list[tuple[str, str]]:
     return out
 
 
-# a file of the repository named in a topic's text, e.g. `webgpu/attention_flash2.wgsl`
+# a file of the repository named in a topic's text, e.g. `posttrainllm/assets/webgpu/attention_flash2.wgsl`
 _REPO_FILE = re.compile(r"`((?:webgpu|wasm|posttrainllm|notebooks|book|benchmarks|tests)/[\w./-]+\.\w+)`")
 
 

@@ -1,6 +1,6 @@
-"""Module 7's tiny-GPT trainer in WebAssembly (``wasm/``), driven and checked from Python.
+"""Module 7's tiny-GPT trainer in WebAssembly (``posttrainllm/assets/wasm/``), driven and checked from Python.
 
-``wasm/tinygpt.cpp`` trains the oracle GPT (:mod:`posttrainllm.model`, default architecture) in
+``posttrainllm/assets/wasm/tinygpt.cpp`` trains the oracle GPT (:mod:`posttrainllm.model`, default architecture) in
 C++ compiled four ways — plain scalar code, 128-bit SIMD and SIMD with threads (Emscripten, run
 under node and in the browser), and Memory64 (zig, run in wasmtime) — and this module is its
 Python side:
@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from posttrainllm.checkout import repo_root
+from posttrainllm import assets
 
-WASM = repo_root() / "wasm"
+WASM = assets.folder("wasm")
 DIST = WASM / "dist"
 BUILDS = ("scalar", "simd", "threads", "memory64")
 MEMORY64_LIMIT = 1 << 30  # bytes the Memory64 build may grow to here (it has no fixed ceiling)
@@ -176,7 +176,7 @@ def oracle_losses(model, ids, steps: int, batch: int, seed: int = 0, lr: float =
 
 
 def header(name: str) -> str:
-    """The opening comment of one of the trainer's files (``wasm/name``): what it is and why."""
+    """The opening comment of one of the trainer's files (``posttrainllm/assets/wasm/name``): what it is and why."""
     lines = (WASM / name).read_text(encoding="utf-8").splitlines()
     if lines and lines[0].startswith("#!"):
         lines = lines[1:]
@@ -194,7 +194,7 @@ def node() -> str:
 def run(build: str, config: dict, *, threads: int = 1, seed: int = 0, weights: bytes | None = None,
         tokens=None, token_seed: int = 0, steps: int = 0, lr: float = 3e-3, batch=None,
         bench_gemm: tuple[list[int], int] | None = None, dist: Path = DIST) -> dict:
-    """Run ``build`` of the trainer: Emscripten's under node (``wasm/node_run.mjs``), the
+    """Run ``build`` of the trainer: Emscripten's under node (``posttrainllm/assets/wasm/node_run.mjs``), the
     Memory64 one in wasmtime (:class:`Memory64`), which node 20 cannot load. Returns its answer:
     ``losses`` of ``steps`` training steps on ``tokens``, ``seconds``, ``threads``, and with
     ``batch=(inputs, targets)`` that batch's ``loss``, ``grads`` and ``logits``; with
@@ -276,7 +276,7 @@ class Memory64:
         return np.frombuffer(bytes(self.memory.read(self.store, pointer, pointer + 4 * count)), dtype="<f4").copy()
 
     def run(self, config, seed, weights, tokens, token_seed, steps, lr, batch, bench_gemm) -> dict:
-        """What ``wasm/node_run.mjs`` does for a job, with the same answer."""
+        """What ``posttrainllm/assets/wasm/node_run.mjs`` does for a job, with the same answer."""
         c = config
         self.check(self.call("tg_create", c["vocab"], c["block"], c["layers"], c["heads"], c["embd"], c["batch"], 1,
                              seed), "create")

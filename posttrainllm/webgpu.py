@@ -1,6 +1,6 @@
-"""Run the book's WGSL kernels (``webgpu/*.wgsl``) from Python, through wgpu-py.
+"""Run the book's WGSL kernels (``posttrainllm/assets/webgpu/*.wgsl``) from Python, through wgpu-py.
 
-The browser cells run these same files on the reader's GPU through ``webgpu/runtime.js``;
+The browser cells run these same files on the reader's GPU through ``posttrainllm/assets/webgpu/runtime.js``;
 this module is the other runtime, so that pytest can check every kernel against numpy on a
 CPU Vulkan driver (Mesa's lavapipe, or Chromium's SwiftShader) and the benchmarks can time them
 on a real GPU. Both runtimes follow the same three rules, read from the WGSL itself:
@@ -30,7 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-KERNELS = Path(__file__).resolve().parents[1] / "webgpu"
+from posttrainllm import assets
+
+KERNELS = assets.folder("webgpu")
 DRIVERS = {
     "lavapipe": "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",  # Debian's mesa-vulkan-drivers
     "swiftshader": "/usr/lib/chromium/vk_swiftshader_icd.json",  # shipped inside Debian's chromium
@@ -58,7 +60,7 @@ def variants(kind: str) -> list[dict]:
 
 
 def source(file: str, params: dict | None = None) -> str:
-    """The WGSL of ``webgpu/<file>`` with the named ``const`` parameters replaced."""
+    """The WGSL of ``posttrainllm/assets/webgpu/<file>`` with the named ``const`` parameters replaced."""
     text = (KERNELS / file).read_text(encoding="utf-8")
     params = dict(params or {})
     unknown = set(params) - {m.group(1) for m in _CONST.finditer(text)}
@@ -135,7 +137,7 @@ def resources(wgsl: str) -> dict[str, int]:
 
 
 def excerpt(file: str, start: str) -> str:
-    """From the line of ``webgpu/<file>`` that begins with ``start`` to the end of that top-level
+    """From the line of ``posttrainllm/assets/webgpu/<file>`` that begins with ``start`` to the end of that top-level
     block (the next line that is just ``}``): one function of a .js or .wgsl file, for the book."""
     lines = (KERNELS / file).read_text(encoding="utf-8").splitlines()
     first = next((i for i, line in enumerate(lines) if line.startswith(start)), None)
@@ -175,7 +177,7 @@ class GPU:
         return f"{self.info.get('device', '?')} ({self.info.get('adapter_type', '?')}, {self.info.get('backend_type')})"
 
     def pipeline(self, file: str, params: dict | None = None):
-        """Compile ``webgpu/<file>`` with ``params`` (cached); returns ``(pipeline, layout, constants)``."""
+        """Compile ``assets/webgpu/<file>`` with ``params`` (cached); returns ``(pipeline, layout, constants)``."""
         key = (file, json.dumps(params or {}, sort_keys=True))
         if key not in self._pipelines:
             self._pipelines[key] = self.compile(source(file, params), label=file)
@@ -320,7 +322,7 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np
 
 def browser_cell(kind: str):
     """The HTML for a notebook cell that runs the ``kind`` kernels ("matmul" or "attention") on
-    the reader's GPU: ``webgpu/runtime.js``, ``webgpu/cells.js`` and the kernel sources inlined
+    the reader's GPU: ``assets/webgpu/runtime.js``, ``assets/webgpu/cells.js`` and the kernel sources inlined
     and loaded as blob-URL modules, so the same output works in JupyterLab, in the built book and
     on a static host, with no server and no Python kernel behind the page."""
     from IPython.display import HTML

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from posttrainllm import coverage, study
 from tests.conftest import ROOT
 
@@ -23,19 +25,33 @@ def test_modules_used_reads_imports_and_attribute_access():
 
 
 def test_kernel_files_are_mapped_to_the_section_that_names_them(tmp_path):
-    (tmp_path / "webgpu").mkdir()
-    (tmp_path / "webgpu" / "matmul_tiled.wgsl").write_text("// kernel")
-    (tmp_path / "wasm" / "build").mkdir(parents=True)
-    (tmp_path / "wasm" / "build" / "out.js").write_text("")  # built output is not source
+    assets = tmp_path / "posttrainllm" / "assets"
+    (assets / "webgpu").mkdir(parents=True)
+    (assets / "webgpu" / "matmul_tiled.wgsl").write_text("// kernel")
+    (assets / "wasm" / "build").mkdir(parents=True)
+    (assets / "wasm" / "build" / "out.js").write_text("")  # built output is not source
     (tmp_path / "notebooks").mkdir()
     cells = [
         {"cell_type": "markdown", "source": ["## Tiled matmul on the GPU\n"]},
-        {"cell_type": "code", "source": ["run('webgpu/matmul_tiled.wgsl')"]},
+        {"cell_type": "code", "source": ["run('matmul_tiled.wgsl')"]},
     ]
     (tmp_path / "notebooks" / "03-t.ipynb").write_text(json.dumps({"cells": cells}))
-    assert coverage.asset_files(tmp_path) == ["webgpu/matmul_tiled.wgsl"]
-    [section] = coverage.coverage_map(tmp_path)["webgpu/matmul_tiled.wgsl"]
+    name = "posttrainllm/assets/webgpu/matmul_tiled.wgsl"
+    assert coverage.asset_files(tmp_path) == [name]
+    [section] = coverage.coverage_map(tmp_path)[name]
     assert section == coverage.Section("notebooks/03-t.ipynb", "Tiled matmul on the GPU", "tiled-matmul-on-the-gpu")
+
+
+def test_a_clone_inside_a_folder_named_build_still_has_assets(tmp_path):
+    root = tmp_path / "build" / "book"
+    (root / "posttrainllm" / "assets" / "webgpu").mkdir(parents=True)
+    (root / "posttrainllm" / "assets" / "webgpu" / "k.wgsl").write_text("// kernel")
+    assert coverage.asset_files(root) == ["posttrainllm/assets/webgpu/k.wgsl"]
+
+
+def test_a_folder_that_is_not_a_book_is_named_in_the_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="has no notebooks/ folder"):
+        coverage.coverage_map(tmp_path)
 
 
 def test_markdown_table_lists_untaught_items_plainly(tmp_path):
@@ -47,6 +63,7 @@ def test_markdown_table_lists_untaught_items_plainly(tmp_path):
 
 def test_executable_book_pages_count_as_teaching_but_plain_pages_do_not(tmp_path):
     (tmp_path / "book").mkdir()
+    (tmp_path / "notebooks").mkdir()
     code = "```{code-cell} python3\n# a comment, not a heading\nfrom posttrainllm import moe\n```\n"
     (tmp_path / "book" / "ref.md").write_text(f"---\nfile_format: mystnb\n---\n# Ref\n\n## Experts\n\n{code}")
     (tmp_path / "book" / "plain.md").write_text(f"# Plain\n\n## Linear\n\n{code.replace('moe', 'linear')}")

@@ -1,6 +1,6 @@
 """The kernel sources and the two runtimes' reading of them, without a GPU: parameters,
-constants, layouts and resource needs agree between posttrainllm/webgpu.py and webgpu/runtime.js
-(run under node), and the browser cell carries everything it needs."""
+constants, layouts and resource needs agree between posttrainllm/webgpu.py and
+posttrainllm/assets/webgpu/runtime.js (run under node), and the browser cell carries everything it needs."""
 
 import json
 import shutil
@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from posttrainllm import webgpu
-from tests.conftest import ROOT, require
+from tests.conftest import require
 
 ALL = [v for kind in ("matmul", "softmax", "attention") for v in webgpu.variants(kind)]
 
 
 def test_every_kernel_file_is_raced_and_every_raced_file_exists():
-    files = {p.name for p in (ROOT / "webgpu").glob("*.wgsl")}
+    files = {p.name for p in webgpu.KERNELS.glob("*.wgsl")}
     assert files == {v["file"] for v in ALL}
 
 
@@ -52,10 +52,10 @@ def test_the_javascript_runtime_reads_kernels_as_python_does(tmp_path):
     script = tmp_path / "read.mjs"
     script.write_text(f"""
 import {{readFileSync}} from "node:fs";
-import * as rt from {json.dumps((ROOT / "webgpu" / "runtime.js").as_uri())};
+import * as rt from {json.dumps((webgpu.KERNELS / "runtime.js").as_uri())};
 const cases = {json.dumps(cases)};
 const out = cases.map(([file, params]) => {{
-  const src = rt.withParams(readFileSync({json.dumps(str(ROOT / "webgpu"))} + "/" + file, "utf8"), params);
+  const src = rt.withParams(readFileSync({json.dumps(str(webgpu.KERNELS))} + "/" + file, "utf8"), params);
   return [src, rt.constants(src), rt.bindings(src)];
 }});
 let refused = "";

@@ -1,8 +1,8 @@
 """The WASM trainer under node, against the PyTorch oracle.
 
-The builds under test are rebuilt from ``wasm/`` with Emscripten at the start of the session
+The builds under test are rebuilt from ``posttrainllm/assets/wasm/`` with Emscripten at the start of the session
 (CI installs it), so a test can never pass on a stale committed binary; ``test_build`` checks
-that the committed ``wasm/dist`` is byte for byte what the source builds. Without Emscripten on
+that the committed ``posttrainllm/assets/wasm/dist`` is byte for byte what the source builds. Without Emscripten on
 a laptop, the tests run on the committed builds instead and the rebuild checks skip.
 """
 

@@ -17,7 +17,7 @@ def test_committed_builds_are_what_the_source_builds(rebuilt):
     committed = sorted(p.name for p in wasm.DIST.iterdir())
     assert committed == sorted(p.name for p in rebuilt.iterdir())
     stale = [name for name in committed if (wasm.DIST / name).read_bytes() != (rebuilt / name).read_bytes()]
-    assert not stale, f"wasm/dist is out of date with wasm/*.cpp: run `make wasm` and commit {stale}"
+    assert not stale, f"{wasm.DIST} is out of date with the C++ beside it: run `make wasm` and commit {stale}"
 
 
 def test_initialisation_and_batches_match_their_numpy_replicas(dist, oracle):

@@ -1,4 +1,4 @@
-"""Every kernel in webgpu/kernels.json against float64 numpy, at sizes that are not multiples of
+"""Every kernel in posttrainllm/assets/webgpu/kernels.json against float64 numpy, at sizes that are not multiples of
 any tile, on the driver this session runs (see conftest.py)."""
 
 import numpy as np
