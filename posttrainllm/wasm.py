@@ -175,15 +175,6 @@ def oracle_losses(model, ids, steps: int, batch: int, seed: int = 0, lr: float =
     return losses
 
 
-def header(name: str) -> str:
-    """The opening comment of one of the trainer's files (``posttrainllm/assets/wasm/name``): what it is and why."""
-    lines = (WASM / name).read_text(encoding="utf-8").splitlines()
-    if lines and lines[0].startswith("#!"):
-        lines = lines[1:]
-    comment = [line for line in lines[: next(i for i, x in enumerate(lines) if not x.startswith(("//", "#")))]]
-    return "\n".join(line.lstrip("/#").strip() for line in comment)
-
-
 def node() -> str:
     path = shutil.which("node")
     if path is None:

@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from posttrainllm import assets
+
+if TYPE_CHECKING:  # numpy is imported where kernels run: reading, checking and inlining them needs
+    import numpy as np  # only the standard library, so these cells run in an offline Pyodide too
 
 KERNELS = assets.folder("webgpu")
 DRIVERS = {
@@ -128,7 +131,7 @@ def resources(wgsl: str) -> dict[str, int]:
     invocation declares for itself, which the GPU must fit in registers or spill)."""
     values = _all_constants(wgsl)
     size = re.search(r"@workgroup_size\(([^)]*)\)", wgsl)[1]
-    invocations = int(np.prod([_evaluate(d, values) for d in size.split(",")]))
+    invocations = math.prod(_evaluate(d, values) for d in size.split(","))
     arrays = re.findall(r"var<workgroup>\s+\w+:\s*array<(\w+|vec\d<\w+>),\s*([^;]+)>;", wgsl)
     private = re.findall(r"^\s+var \w+: array<(\w+|vec\d<\w+>),\s*([^;]+)>;", wgsl, re.MULTILINE)
     return {"invocations": invocations,
@@ -199,6 +202,8 @@ class GPU:
         return pipeline, layout, constants(wgsl)
 
     def _buffers(self, arrays: list[np.ndarray], outputs: list[int], uniform: np.ndarray):
+        import numpy as np
+
         usage = self.wgpu.BufferUsage
         buffers = []
         for a in arrays:
@@ -214,6 +219,8 @@ class GPU:
                  uniform: np.ndarray, grid, repeat: int = 0) -> tuple[list[np.ndarray], Timing | None]:
         """Run a kernel once (and ``repeat`` more times, timed); returns its outputs, each
         ``(shape, dtype)`` in ``outputs``, and the timing when ``repeat`` > 0."""
+        import numpy as np
+
         pipeline, layout, _ = self.pipeline(file, params)
         sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in outputs]
         buffers = self._buffers(arrays, sizes, uniform.astype(np.uint32))
@@ -250,6 +257,8 @@ class GPU:
     def _time(self, submit, output, repeat: int) -> Timing:
         """Median over ``repeat`` runs after the warm-up run above. GPU timestamps where the device
         has them; otherwise wall clock from submit to a small readback (which waits for the GPU)."""
+        import numpy as np
+
         times = []
         if "timestamp-query" in self.features:
             usage = self.wgpu.BufferUsage
@@ -272,6 +281,8 @@ class GPU:
     def matmul(self, a: np.ndarray, b: np.ndarray, file: str = "matmul_tiled.wgsl", params: dict | None = None,
                repeat: int = 0) -> tuple[np.ndarray, Timing | None]:
         """``a @ b`` (f32; ``b`` as f16 for the f16 kernels) by one of the matmul kernels."""
+        import numpy as np
+
         (m, k), (k2, n) = a.shape, b.shape
         if k != k2:
             raise ValueError(f"cannot multiply {a.shape} by {b.shape}: inner sizes differ")
@@ -289,6 +300,8 @@ class GPU:
     def softmax(self, x: np.ndarray, file: str = "softmax_online.wgsl", params: dict | None = None,
                 repeat: int = 0) -> tuple[np.ndarray, Timing | None]:
         """Softmax over the last axis of a 2-D f32 array."""
+        import numpy as np
+
         rows, cols = x.shape
         (y,), timing = self.dispatch(file, params, [x.astype(np.float32)], [((rows, cols), np.float32)],
                                      np.array([rows, cols, 0, 0]), (rows, 1, 1), repeat)
@@ -297,6 +310,8 @@ class GPU:
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, file: str = "attention_flash2.wgsl",
                   params: dict | None = None, repeat: int = 0):
         """Causal attention of ``(H, T, D)`` arrays: returns ``(output, logsumexp, timing)``."""
+        import numpy as np
+
         h, t, d = q.shape
         _, _, consts = self.pipeline(file, params)
         if d != consts["D"]:
@@ -311,6 +326,8 @@ class GPU:
 
 def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Causal softmax attention in float64 numpy: ``(output, logsumexp)``, the kernels' oracle."""
+    import numpy as np
+
     q, k, v = (x.astype(np.float64) for x in (q, k, v))
     scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
     t = q.shape[1]

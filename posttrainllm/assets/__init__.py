@@ -24,3 +24,14 @@ def folder(name: str) -> Path:
             "(pip install --force-reinstall posttrainllm) or, in a clone, `git checkout posttrainllm/assets`"
         )
     return path
+
+
+def header(name: str) -> str:
+    """The opening comment of an asset file (``"wasm/tinygpt.cpp"``): what it is and why, as its
+    author wrote it, without the comment markers."""
+    folder_name, _, rest = name.partition("/")
+    lines = (folder(folder_name) / rest).read_text(encoding="utf-8").splitlines()
+    if lines and lines[0].startswith("#!"):
+        lines = lines[1:]
+    end = next((i for i, line in enumerate(lines) if not line.startswith(("//", "#"))), len(lines))
+    return "\n".join(line.lstrip("/#").strip() for line in lines[:end])

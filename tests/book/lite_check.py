@@ -61,19 +61,31 @@ def text_of(outputs: list) -> str:
     return text
 
 
-def _run_blocked(nb: nbformat.NotebookNode, stored: dict[str, str], blocked: tuple[str, ...]) -> list[str]:
-    """Execute ``nb`` in notebooks/ with ``blocked`` refused; the cells whose text differs from
-    ``stored`` (by cell id), or the first cell that failed."""
+def html_of(outputs: list) -> list[str]:
+    """A cell's HTML outputs that carry a script: the browser cells, which inline the package's
+    kernels and runtimes. (Highlighted source is left out: its escaping varies with Pygments.)"""
+    html = ["".join(out["data"]["text/html"]) for out in outputs if "text/html" in out.get("data", {})]
+    return [h for h in html if "<script" in h]
+
+
+def _run_blocked(nb: nbformat.NotebookNode, stored: dict[str, str], blocked: tuple[str, ...],
+                 stored_html: dict[str, list[str]] | None = None) -> list[str]:
+    """Execute ``nb`` in notebooks/ with ``blocked`` refused; the cells whose text (and, where
+    ``stored_html`` has them, HTML) differs from the stored one (by cell id), or the first cell
+    that failed."""
     nb.cells.insert(0, nbformat.v4.new_code_cell(BLOCK.format(names=blocked)))
     resources = {"metadata": {"path": str(ROOT / "notebooks")}}
     try:
         NotebookClient(nb, timeout=600, kernel_name="python3", resources=resources).execute()
     except CellExecutionError as err:
         return [f"a cell failed: {str(err).strip().splitlines()[-1]}"]
+    ran = [cell for cell in nb.cells[1:] if cell.cell_type == "code" and cell.id in stored]
     return [
         f"cell {cell.id}: got {text_of(cell.outputs)[:300]!r}, stored {stored[cell.id][:300]!r}"
-        for cell in nb.cells[1:]
-        if cell.cell_type == "code" and cell.id in stored and text_of(cell.outputs) != stored[cell.id]
+        for cell in ran if text_of(cell.outputs) != stored[cell.id]
+    ] + [
+        f"cell {cell.id}: its HTML differs from the stored one"
+        for cell in ran if stored_html and stored_html.get(cell.id) and html_of(cell.outputs) != stored_html[cell.id]
     ]
 
 
@@ -84,26 +96,30 @@ def run_edition(path: Path) -> list[str]:
     return _run_blocked(nbformat.from_dict(lite.edition(nb)), stored, (*lite.ABSENT, "regex"))
 
 
-PURE_SOURCES = ("04-backprop", "06-tokenization")
+# micrograd and the BPE, and the cells of modules 3 and 7 that read the WGSL kernels and the WASM
+# trainer's sources from the installed package
+PURE_SOURCES = ("03-tensors", "04-backprop", "06-tokenization", "07-attention")
 
 
-def pure_notebook() -> tuple[nbformat.NotebookNode, list[str]]:
-    """One notebook of the ``pure-python`` cells of modules 4 and 6 (outputs cleared) and the
-    text each cell stored in its own notebook."""
-    cells, expected = [], []
+def pure_notebook() -> tuple[nbformat.NotebookNode, list[str], list[list[str]]]:
+    """One notebook of the ``pure-python`` cells of :data:`PURE_SOURCES` (outputs cleared), and
+    the text and the HTML each cell stored in its own notebook."""
+    cells, expected, html = [], [], []
     for stem in PURE_SOURCES:
         for cell in lite.pure_cells(nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4)):
             cells.append(nbformat.v4.new_code_cell(cell.source, id=cell.id))
             expected.append(text_of(cell.outputs))
-    return nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": lite.KERNELSPEC}), expected
+            html.append(html_of(cell.outputs))
+    return nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": lite.KERNELSPEC}), expected, html
 
 
 def run_pure() -> list[str]:
     """Differences from the stored outputs when the pure notebook runs with numpy, matplotlib
     and every library outside the standard library and posttrainllm blocked."""
-    nb, expected = pure_notebook()
+    nb, expected, html = pure_notebook()
     stored = {cell.id: want for cell, want in zip(nb.cells, expected, strict=True)}
-    return _run_blocked(nb, stored, (*lite.ABSENT, "regex", *lite.CDN_PACKAGES))
+    stored_html = {cell.id: want for cell, want in zip(nb.cells, html, strict=True)}
+    return _run_blocked(nb, stored, (*lite.ABSENT, "regex", *lite.CDN_PACKAGES), stored_html)
 
 
 if __name__ == "__main__":

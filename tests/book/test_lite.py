@@ -9,7 +9,7 @@ import pytest
 
 from posttrainllm import lite
 from tests.book.conftest import BUILD
-from tests.book.lite_check import pure_notebook, run_edition, run_pure, text_of
+from tests.book.lite_check import html_of, pure_notebook, run_edition, run_pure, text_of
 from tests.book.test_browser import FLAGS, _launch, block_other_hosts
 from tests.conftest import ROOT
 
@@ -29,9 +29,12 @@ def test_the_pure_python_cells_need_nothing_but_the_standard_library():
 
 def test_every_notebook_with_a_browser_edition_exists_and_the_pure_cells_are_there():
     assert set(lite.IN_BROWSER) <= set(NOTEBOOKS)
-    nb, expected = pure_notebook()
+    nb, expected, html = pure_notebook()
     # the comparison is not vacuous: most cells print (the import cells and study cards do not)
     assert len(nb.cells) >= 15 and sum(map(bool, expected)) >= 12
+    # and the browser cells of modules 3 and 7 are among them, with the kernels they inline
+    inlined = [h for cell_html in html for h in cell_html if "ptl-webgpu" in h]
+    assert len(inlined) == 2 and all("@compute" in h for h in inlined)
 
 
 def test_an_edition_replaces_the_pytorch_cells_by_a_note_and_keeps_their_code():
@@ -90,7 +93,7 @@ def _wait_for_kernel(page):
 def test_the_pure_python_cells_run_offline_in_pyodide_as_stored(offline):
     page, external = offline("lite/lab/index.html")
     page.wait_for_function("() => !!window.jupyterapp?.commands.hasCommand('docmanager:open')", timeout=60_000)
-    nb, expected = pure_notebook()
+    nb, expected, html = pure_notebook()
     page.evaluate(
         """async (nb) => { const app = window.jupyterapp;
              await app.serviceManager.contents.save("notebooks/pure-python.ipynb",
@@ -112,6 +115,8 @@ def test_the_pure_python_cells_run_offline_in_pyodide_as_stored(offline):
     ).json_value()
     got = [text_of(out) for out in outputs]
     assert got == expected
+    # modules 3 and 7's browser cells, built in Pyodide from the kernels inside the site's wheel
+    assert [html_of(out) for out in outputs] == html
     assert external == [], f"the offline path tried to reach: {external}"
 
 
