@@ -43,7 +43,7 @@ vendor: $(VENDOR)/.installed $(LITE_WHEELS)
 book: install vendor
 	$(BIN)/jupyter-book build $(STRICT) .
 ifeq ($(SERVE),1)
-	$(BIN)/python -m posttrainllm.serve _build/html --port $(PORT)
+	$(BIN)/python -m posttrainllm.tools.serve _build/html --port $(PORT)
 else
 	@echo "Built the book into _build/html (serve it with: make book)"
 endif

@@ -1,11 +1,13 @@
 """posttrainllm: the shared package behind the book.
 
-Each module holds one concept, named after it, in the order the curriculum meets them:
+Each module holds one concept, named after it, in the order the curriculum meets them
+(tests/unit/test_package.py checks that this map names every module, and nothing else):
 
 - module 1  ``linear``            a linear model, mean squared error, least squares
 - module 2  ``gradient_descent``  numerical gradients, GD, SGD, momentum
 - module 3  ``matmul``            FLOPs, bytes, roofline; a counted model of tiled matmul
             ``precision``         fp16 as a number format, rounding in sums, underflow
+            ``webgpu``            the book's WGSL kernels, read, checked and run through wgpu-py
 - module 4  ``autograd``          a scalar reverse-mode autograd (``Value``)
             ``nn``                neurons, layers and an MLP over ``Value``
             ``tensor``            the same autograd on numpy arrays
@@ -22,11 +24,27 @@ Each module holds one concept, named after it, in the order the curriculum meets
 - module 7  ``attention``         attention, multi-head, online softmax, FlashAttention-2
             ``model``             the oracle GPT (config, norms, RoPE, blocks, weight export)
             ``train``             training, evaluation, generation, safe checkpoints
+            ``measure``           timing and peak memory measured the same way everywhere
+            ``wasm``              the tiny-GPT trainer in WebAssembly, checked against the oracle
             ``pretrained``        the cached base model that modules 8–10 start from
+- module 8  ``optim``             SGD with momentum, Adam, AdamW; schedules and clipping
+            ``mixed_precision``   fp16 training with master weights and loss scaling
+            ``checkpointing``     gradient checkpointing and activation memory
+            ``distributed``       data-parallel training on torch.distributed
+- module 9  ``lora``              low-rank adapters on a frozen model
+            ``sft``               supervised fine-tuning: chat format, loss masking, packing
+            ``preference``        preference tuning with DPO
+- module 10 ``evals``             held-out loss, perplexity, verifiable rewards, memorisation
+            ``rl``                GRPO from verifiable rewards
+            ``comparison``        intervals and paired tests for comparing models
+            ``continual``         improving a deployed model from its own usage
+            ``logit_lens``        what the model would predict at each depth
+            ``sae``               a sparse autoencoder on the residual stream
+            ``speculative``       speculative decoding
+- reference ``moe``               a mixture of experts and its load-balancing loss
 
-Around them: ``study`` (the study queue), ``mastery`` (exercise gates), ``knobs`` (slider
-figures), ``source`` (show package code in a notebook), ``coverage`` (which notebook teaches
-what), ``serve`` (the local book server), ``checkout`` and ``cli``.
+Around them: ``assets`` (the kernels and the WASM trainer, shipped as package data),
+``atomic`` (files written whole or not at all), and the book's tooling in ``tools``.
 
 Imports here stay light (no torch) so ``import posttrainllm`` is instant everywhere.
 """

@@ -1,3 +1,3 @@
-from posttrainllm.cli import main
+from posttrainllm.tools.cli import main
 
 raise SystemExit(main())

@@ -27,7 +27,7 @@ def queue_copy(tmp_path):
 
     Tests never write to the checkout's file, and pass whatever the learner has filled in.
     """
-    from posttrainllm import study
+    from posttrainllm.tools import study
 
     dest = tmp_path / "book" / "study-queue.md"
     dest.parent.mkdir()

@@ -9,7 +9,7 @@ What the site serves itself, so the Pyodide kernel starts with no network:
 - ``posttrainllm`` as a wheel built from this checkout, and ipywidgets with what it needs, at
   the versions installed here (so the page's widget manager and the kernel's widgets agree).
   Both are lock entries, so ``import posttrainllm`` loads the wheel with no ``%pip`` step.
-- The browser editions of the notebooks (:func:`posttrainllm.lite.edition`) and the study
+- The browser editions of the notebooks (:func:`posttrainllm.tools.lite.edition`) and the study
   queue, in the in-browser file system, where ``study.card`` finds and saves it.
 
 ``python book/_ext/lite_site.py wheels`` downloads the pure-Python wheels (``make vendor``).
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import nbformat
 
-from posttrainllm import lite
+from posttrainllm.tools import lite
 
 ROOT = Path(__file__).resolve().parents[2]
 PYODIDE = ROOT / "node_modules" / "pyodide"

@@ -1,8 +1,8 @@
 """Sphinx glue for the book: pages whose content is computed from the checkout at build time.
 
 - ``book/study-queue``: each topic gets its status (filled / TBD), and the page opens with a
-  summary table, all read from the same file by ``posttrainllm.study``;
-- ``book/coverage``: the coverage map, from ``posttrainllm.coverage``;
+  summary table, all read from the same file by ``posttrainllm.tools.study``;
+- ``book/coverage``: the coverage map, from ``posttrainllm.tools.coverage``;
 - ``book/notebook-times``: the notebook time-budget report that ``make test`` wrote;
 - ``book/benchmarks``: the result tables committed under ``benchmarks/results/``;
 - ``book/math-vs-engineering``: the loss-drift table (``benchmarks/drift.py``).
@@ -22,7 +22,7 @@ from pathlib import Path
 import lite_site
 from docutils import nodes
 
-from posttrainllm import coverage, lite, study
+from posttrainllm.tools import coverage, lite, study
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMES = ROOT / "_build" / "reports" / "notebook-times.json"
@@ -147,7 +147,7 @@ the page). <a href="{page}">What runs in the browser</a>.</p></div>"""
 
 
 def add_browser_links(app, doctree) -> None:
-    """A notebook page says, under its title, whether it runs in the browser (posttrainllm.lite)."""
+    """A notebook page says, under its title, whether it runs in the browser (posttrainllm.tools.lite)."""
     docname = app.env.docname
     section = doctree.next_node(nodes.section)
     if not docname.startswith("notebooks/") or section is None:

@@ -18,7 +18,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from posttrainllm.serve import make_server
+from posttrainllm.tools.serve import make_server
 from tests.conftest import ROOT
 
 BUILD = ROOT / "_build"

@@ -17,7 +17,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from posttrainllm import lite
+from posttrainllm.tools import lite
 
 ROOT = Path(__file__).resolve().parents[2]
 # Pyodide has no such module: a finder that refuses the names, which also leaves them out of

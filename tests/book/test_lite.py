@@ -1,4 +1,4 @@
-"""The browser editions (posttrainllm.lite, book/_ext/lite_site.py): tagged correctly, linked
+"""The browser editions (posttrainllm.tools.lite, book/_ext/lite_site.py): tagged correctly, linked
 from exactly the pages that can run, and run by the real Pyodide kernel in headless Chromium
 with every request that would leave 127.0.0.1 blocked."""
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from posttrainllm import lite
+from posttrainllm.tools import lite
 from tests.book.conftest import BUILD
 from tests.book.lite_check import html_of, pure_notebook, run_edition, run_pure, text_of
 from tests.book.test_browser import FLAGS, _launch, block_other_hosts
@@ -102,7 +102,7 @@ def test_the_pure_python_cells_run_offline_in_pyodide_as_stored(offline):
         nb,
     )
     _wait_for_kernel(page)
-    # served without isolation headers (posttrainllm.serve.NOT_ISOLATED), as on a static host
+    # served without isolation headers (posttrainllm.tools.serve.NOT_ISOLATED), as on a static host
     assert page.evaluate("() => crossOriginIsolated") is False
     # not awaited here: the wait below bounds it
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")

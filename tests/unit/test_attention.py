@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrainllm import attention as att
-from posttrainllm import mastery
+from posttrainllm.tools import mastery
 
 
 def _qkv(seed, shape, m=None):

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrainllm import mastery
 from posttrainllm.autograd import Value, draw
+from posttrainllm.tools import mastery
 
 # A random program: each step applies an operation to earlier nodes (so nodes are reused,
 # giving shared sub-expressions) and the output sums the last few nodes. `ops` supplies the

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from posttrainllm import coverage, study
+from posttrainllm.tools import coverage, study
 from tests.conftest import ROOT
 
 
@@ -58,7 +58,7 @@ def test_markdown_table_lists_untaught_items_plainly(tmp_path):
     (tmp_path / "notebooks").mkdir()
     table = coverage.markdown_table(tmp_path)
     assert "| `posttrainllm.linear` | **not taught yet** |" in table
-    assert "`posttrainllm.cli`" in table.split("| --- | --- |")[1].splitlines()[-1]
+    assert "`posttrainllm.tools.cli`" in table.split("| --- | --- |")[1].splitlines()[-1]
 
 
 def test_executable_book_pages_count_as_teaching_but_plain_pages_do_not(tmp_path):

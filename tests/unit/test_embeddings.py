@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from posttrainllm import mastery
 from posttrainllm.embeddings import cosine_similarity, nearest_neighbours, sinusoidal_positions
 from posttrainllm.tokenizer import merge_pair, pair_counts
+from posttrainllm.tools import mastery
 
 
 def test_nearest_neighbours_by_cosine_and_restricted_to_candidates():

@@ -2,7 +2,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import pytest
 
-from posttrainllm.knobs import knobs
+from posttrainllm.tools.knobs import knobs
 
 
 def draw_line(slope=1.0):

@@ -4,9 +4,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrainllm import char_mlp, mastery, ngram, scaling
+from posttrainllm import char_mlp, ngram, scaling
 from posttrainllm import sampling as smp
 from posttrainllm.chars import CharVocab
+from posttrainllm.tools import mastery
 
 logit_lists = st.lists(st.floats(-8, 8, allow_nan=False), min_size=2, max_size=12).map(np.array)
 

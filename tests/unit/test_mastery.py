@@ -1,7 +1,8 @@
 import numpy as np
 
 from posttrainllm import gradient_descent as gd
-from posttrainllm import linear, mastery
+from posttrainllm import linear
+from posttrainllm.tools import mastery
 
 
 def test_fit_line_gate_passes_the_reference_and_fails_a_stub():

@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrainllm import mastery
 from posttrainllm import matmul as mm
+from posttrainllm.tools import mastery
 
 shapes = st.tuples(st.integers(1, 40), st.integers(1, 40), st.integers(1, 40))
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 import posttrainllm
-from posttrainllm import coverage
+from posttrainllm.tools import coverage
 from tests.conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

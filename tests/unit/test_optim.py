@@ -121,7 +121,7 @@ def test_bad_hyperparameters_are_refused():
 
 
 def test_adamw_gate_passes_the_reference_and_names_each_classic_slip():
-    from posttrainllm import mastery
+    from posttrainllm.tools import mastery
 
     def reference(w, g, m, v, t, lr, betas, eps, wd):
         return optim.adamw_update(w, g, m, v, t, lr, betas, eps, wd)

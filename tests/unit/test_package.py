@@ -59,3 +59,15 @@ def test_repository_address_is_written_once():
     mentions = [f for f in tracked if f != "_config.yml" and (ROOT / f).is_file()
                 and f"github.com/{owner}/" in (ROOT / f).read_text(errors="ignore")]
     assert mentions == []
+
+
+def test_the_module_map_names_every_module_once():
+    import re
+
+    from posttrainllm.tools import coverage
+
+    doc = posttrainllm.__doc__.split("Imports here stay light")[0]
+    named = re.findall(r"``(\w+)``", doc.replace("``Value``", ""))
+    teaching = {m for m in coverage.package_modules() if not m.startswith("tools.") and m != "__main__"}
+    assert sorted(named) == sorted(set(named)), "a module is named twice"
+    assert set(named) == teaching | {"tools"}

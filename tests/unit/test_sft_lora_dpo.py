@@ -177,7 +177,7 @@ def test_style_score_tells_the_registers_apart():
 def test_lora_forward_gate_passes_the_formula_and_catches_a_missing_scale():
     import numpy as np
 
-    from posttrainllm import mastery
+    from posttrainllm.tools import mastery
 
     def right(x, w, b, a, bb, alpha, r):
         return x @ w.T + b + (alpha / r) * (x @ a.T) @ bb.T

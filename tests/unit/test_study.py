@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrainllm import study
-from posttrainllm.cli import main
+from posttrainllm.tools import study
+from posttrainllm.tools.cli import main
 
 ROOT_QUEUE = study.default_path()
 

@@ -57,7 +57,7 @@ have. Run the notebook locally (`make lab`) or on Colab to see it run.*
 
 SETUP = """\
 # numpy and matplotlib are Pyodide builds, downloaded once from the Pyodide CDN
-from posttrainllm import lite
+from posttrainllm.tools import lite
 
 await lite.load(*lite.CDN_PACKAGES)"""
 

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from posttrainllm import coverage, study
+from posttrainllm.tools import coverage, study
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import posttrainllm
-from posttrainllm.checkout import repo_root
-from posttrainllm.study import headings, slugify
+from posttrainllm.tools.checkout import repo_root
+from posttrainllm.tools.study import headings, slugify
 
-# Modules that run the book rather than teach a concept; the map lists them apart.
-TOOLING = {"__main__", "assets", "atomic", "checkout", "cli", "coverage", "serve"}
+# Modules that run the book rather than teach a concept (and all of posttrainllm.tools); the map
+# lists them apart.
+TOOLING = {"__main__", "assets", "atomic"}
 ASSET_DIRS = ("posttrainllm/assets",)
 ASSET_SUFFIXES = {".wgsl", ".js", ".mjs", ".c", ".cc", ".cpp", ".h", ".hpp"}
 
@@ -47,8 +48,14 @@ def book_root(root: Path | None = None) -> Path:
 
 
 def package_modules() -> list[str]:
-    """Every module of the package, by short name (``"linear"``, ``"study"``, …)."""
-    return sorted(m.name for m in pkgutil.iter_modules(posttrainllm.__path__))
+    """Every module of the package, by its name under it (``"linear"``, ``"tools.study"``, …)."""
+    found = pkgutil.walk_packages(posttrainllm.__path__, "posttrainllm.")
+    return sorted(m.name.removeprefix("posttrainllm.") for m in found if m.name != "posttrainllm.tools")
+
+
+def is_tooling(name: str) -> bool:
+    """Whether ``name`` (as :func:`package_modules` gives it) runs the book rather than teaching."""
+    return name in TOOLING or name.startswith("tools.")
 
 
 def asset_files(root: Path) -> list[str]:
@@ -61,13 +68,16 @@ def asset_files(root: Path) -> list[str]:
 def modules_used(code: str) -> set[str]:
     """Package modules a code cell uses.
 
-    >>> sorted(modules_used("from posttrainllm import linear, study as s\\nposttrainllm.mastery.x"))
-    ['linear', 'mastery', 'study']
+    >>> sorted(modules_used("from posttrainllm import linear, nn as n\\nfrom posttrainllm.tools import study\\n"
+    ...                     "posttrainllm.tools.mastery.x"))
+    ['linear', 'nn', 'tools.mastery', 'tools.study']
     """
-    used = set(re.findall(r"\bposttrainllm\.(\w+)", code))
-    for bracketed, line in re.findall(r"from\s+posttrainllm\s+import\s+(?:\(([^)]*)\)|([^\n]+))", code):
+    used = {name for name in re.findall(r"\bposttrainllm\.((?:tools\.)?\w+)", code) if name != "tools"}
+    pattern = r"from\s+posttrainllm(\.tools)?\s+import\s+(?:\(([^)]*)\)|([^\n]+))"
+    for tools, bracketed, line in re.findall(pattern, code):
         names = (bracketed or line).split("#")[0]
-        used.update(n.split()[0] for n in names.replace("\n", " ").split(",") if n.strip())
+        prefix = "tools." if tools else ""
+        used.update(prefix + n.split()[0] for n in names.replace("\n", " ").split(",") if n.strip())
     return used
 
 
@@ -128,7 +138,7 @@ def untaught(root: Path | None = None) -> list[str]:
     return [
         item
         for item, sections in coverage_map(root).items()
-        if not sections and item.removeprefix("posttrainllm.") not in TOOLING
+        if not sections and not is_tooling(item.removeprefix("posttrainllm."))
     ]
 
 
@@ -137,7 +147,7 @@ def markdown_table(root: Path | None = None, link_prefix: str = "../") -> str:
     rows = ["| Code | Taught in |", "| --- | --- |"]
     tooling = []
     for item, sections in coverage_map(root).items():
-        if item.removeprefix("posttrainllm.") in TOOLING:
+        if is_tooling(item.removeprefix("posttrainllm.")):
             tooling.append(f"`{item}`")
             continue
         where = ", ".join(

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from posttrainllm import atomic
-from posttrainllm.checkout import repo_root
+from posttrainllm.tools.checkout import repo_root
 
 UNFILLED = {"", "TBD"}
 _FIELD = re.compile(r"^- (?P<name>[^:\n]+?): ?(?P<value>.*?)(?P<eol>\r?\n?)$")
