@@ -1,5 +1,8 @@
 import os
 import shutil
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -36,3 +39,21 @@ def queue_copy(tmp_path):
         if topic.filled:
             study.fill(topic.name, "TBD", force=True, path=dest)
     return dest
+
+
+def fresh_venv(path: Path) -> Path:
+    """A new virtual environment at ``path`` without posttrainllm, whose third-party packages
+    (numpy, torch, pip, setuptools …) are borrowed from this one through a ``.pth`` line, because
+    the tests run offline. Returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    (Path(site) / "zz_borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return python
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without anything that points back at the checkout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("POSTTRAINLLM_", "PYTHON"))}
+    return env | extra

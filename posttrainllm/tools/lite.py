@@ -22,6 +22,8 @@ import copy
 import importlib.util
 import sys
 
+from posttrainllm.tools import colab
+
 # The modules with a browser edition, by notebook name (the others need PyTorch throughout).
 IN_BROWSER = (
     "01-from-a-line",
@@ -98,11 +100,14 @@ async def load(*packages: str) -> None:
 
 def edition(nb: dict) -> dict:
     """The browser edition of a notebook (nbformat 4 as a dict): outputs cleared, a header and
-    the :func:`load` cell first, each ``not-in-pyodide`` cell replaced by a note showing its code."""
+    the :func:`load` cell first, each ``not-in-pyodide`` cell replaced by a note showing its code,
+    and the install cell (:mod:`posttrainllm.tools.colab`) left out."""
     cells = []
     for cell in nb["cells"]:
         cell = copy.deepcopy(cell)
         tags = cell.get("metadata", {}).get("tags", [])
+        if colab.TAG in tags:  # the browser has the package already
+            continue
         if cell["cell_type"] == "code":
             if SKIP_TAG in tags:
                 cell = _markdown(SKIPPED.format(source="".join(cell["source"]).rstrip()), cell.get("id"))

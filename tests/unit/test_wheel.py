@@ -1,23 +1,19 @@
 """The wheel as a reader gets it from ``pip install``: built from the files a clone has, installed
-into a fresh virtual environment, and used from a folder with no checkout around it.
-
-The environment borrows this one's third-party packages (numpy, torch, wgpu …) through a ``.pth``
-line, because the tests run offline; the package itself comes only from the wheel.
-"""
+into a fresh virtual environment (:func:`tests.conftest.fresh_venv`: the package itself comes only
+from the wheel), and used from a folder with no checkout around it."""
 
 import json
 import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from posttrainllm import webgpu
-from tests.conftest import ROOT, require
+from tests.conftest import ROOT, clean_env, fresh_venv, require
 
 
 def _clone_files(dest: Path) -> Path:
@@ -39,14 +35,9 @@ def installed(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-index", "--no-build-isolation",
                     "-w", str(tmp / "dist"), str(source)], check=True, capture_output=True)
     [wheel] = (tmp / "dist").glob("posttrainllm-*.whl")
-    venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
+    python = fresh_venv(tmp / "venv")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
                     "--no-index", str(wheel)], check=True, capture_output=True)
-    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
-    (site / "zz_borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     work = tmp / "elsewhere"
     work.mkdir()
     return python, work
@@ -54,9 +45,8 @@ def installed(tmp_path_factory):
 
 def _run(installed, *args):
     """Run ``args`` in the empty folder, with nothing pointing back at the checkout."""
-    _, work = installed
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("POSTTRAINLLM_", "PYTHON"))}
-    return subprocess.run([str(a) for a in args], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([str(a) for a in args], cwd=installed[1], env=clean_env(), capture_output=True, text=True,
+                          timeout=600)
 
 
 def _script(installed, code: str) -> str:
