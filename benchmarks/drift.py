@@ -27,7 +27,7 @@ from posttrainllm import attention as att  # noqa: E402
 from posttrainllm import lora, speculative, wasm, webgpu  # noqa: E402
 from posttrainllm.distributed import train_parallel, train_single  # noqa: E402
 from posttrainllm.mixed_precision import Fp16Trainer  # noqa: E402
-from posttrainllm.model import GPT, KVCache  # noqa: E402
+from posttrainllm.model import GPT, KVCache, oracle_setup  # noqa: E402
 from posttrainllm.train import greedy  # noqa: E402
 
 COLUMNS = ["optimisation", "what it buys", "compared with", "measured as", "drift", "bound", "within"]
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(2)
     steps = 10 if args.quick else 100
-    config, _, ids = wasm.oracle_setup()
+    config, _, ids, _ = oracle_setup()
     trained = wasm.oracle_at_init(config)
     oracle = np.array(wasm.oracle_losses(trained, ids, steps, wasm.BATCH))
     rows = training_rows(config, ids, steps, oracle)

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, write_result  # noqa: E402
 
 from posttrainllm import wasm  # noqa: E402
+from posttrainllm.model import oracle_setup  # noqa: E402
 
 CONTENDERS = [("scalar", 1), ("simd", 1), ("threads", 1), ("threads", 2), ("memory64", 1)]
 NUMPY_GEMM = """
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    config, _, ids = wasm.oracle_setup()
+    config, _, ids, _ = oracle_setup()
     training(config, ids, 3 if args.quick else 60, args.out)
     matmul(config, [64, 128] if args.quick else [128, 256, 512], 2 if args.quick else 10, args.out)
 

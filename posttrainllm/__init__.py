@@ -32,6 +32,7 @@ Each module holds one concept, named after it, in the order the curriculum meets
             ``checkpointing``     gradient checkpointing and activation memory
             ``distributed``       data-parallel training on torch.distributed
 - module 9  ``lora``              low-rank adapters on a frozen model
+            ``tuned``             module 9's fine-tuned models (SFT, LoRA, DPO), cached
             ``sft``               supervised fine-tuning: chat format, loss masking, packing
             ``preference``        preference tuning with DPO
 - module 10 ``evals``             held-out loss, perplexity, verifiable rewards, memorisation

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -289,3 +291,30 @@ def export_weights(model: GPT) -> dict:
             if not (model.config.tie_weights and name == "head.weight")
         },
     }
+
+
+class Oracle(NamedTuple):
+    """Module 7's oracle recipe: the model's shape, its tokenizer and its data."""
+
+    config: GPTConfig
+    tokenizer: object  # a posttrainllm.tokenizer.Tokenizer
+    train_ids: np.ndarray
+    val_ids: np.ndarray
+
+
+def oracle_config(vocab_size: int) -> GPTConfig:
+    """Module 7's oracle GPT: 2 blocks, 4 heads, width 64, over windows of 64 tokens."""
+    return GPTConfig(vocab_size=vocab_size, block_size=64, n_layer=2, n_head=4, n_embd=64)
+
+
+def oracle_setup() -> Oracle:
+    """The one recipe that module 7 trains and the WASM trainer is checked against: 400,000
+    characters of the built-in corpus, a 512-token byte-level BPE, the first 90% to train on, and
+    a GPT of 2 blocks, 4 heads and width 64 over windows of 64 tokens."""
+    from posttrainllm import data
+    from posttrainllm.tokenizer import Tokenizer
+
+    text = data.corpus(n_chars=400_000, seed=0)
+    tokenizer = Tokenizer.train(text, vocab_size=512)
+    train_ids, val_ids = data.train_val_split(np.array(tokenizer.encode_ordinary(text)), val_fraction=0.1)
+    return Oracle(oracle_config(tokenizer.vocab_size), tokenizer, train_ids, val_ids)

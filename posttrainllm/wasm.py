@@ -42,19 +42,6 @@ GOLDEN = 0x9E3779B97F4A7C15
 MASK = (1 << 64) - 1
 
 
-def oracle_setup():
-    """Module 7's oracle model and data: its config, the tokenizer, and the training ids
-    (400,000 characters of the built-in corpus, a 512-token BPE, the first 90%)."""
-    from posttrainllm import data
-    from posttrainllm.model import GPTConfig
-    from posttrainllm.tokenizer import Tokenizer
-
-    text = data.corpus(n_chars=400_000, seed=0)
-    tok = Tokenizer.train(text, vocab_size=512)
-    train_ids, _ = data.train_val_split(np.array(tok.encode_ordinary(text)), val_fraction=0.1)
-    return GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=2, n_head=4, n_embd=64), tok, train_ids
-
-
 def trainer_config(config, batch: int = BATCH) -> dict:
     """The trainer's shape from a :class:`~posttrainllm.model.GPTConfig` (which must use the
     default architecture: the only one the C++ implements)."""
@@ -321,7 +308,9 @@ def browser_cell(tok, ids, oracle: list[float], steps: tuple[int, ...] = (10, 10
     from the same initialisation and batches, which the cell plots beside the browser's own."""
     from IPython.display import HTML
 
-    config = config or oracle_setup()[0]
+    from posttrainllm.model import oracle_config
+
+    config = config or oracle_config(tok.vocab_size)
     ids = np.asarray(ids[:tokens], dtype="<u2")
     files = {name: (WASM / name).read_text(encoding="utf-8") for name in BROWSER_FILES}
     for build in BROWSER_BUILDS:

@@ -97,6 +97,7 @@ def wasm_oracle():
     """The PyTorch oracle's first 10 losses, computed here (not read from the page) from the
     trainer's initialisation on the batches the cell draws: from the first 65,536 training ids."""
     from posttrainllm import wasm
+    from posttrainllm.model import oracle_setup
 
-    config, _, ids = wasm.oracle_setup()
+    config, _, ids, _ = oracle_setup()
     return wasm.oracle_losses(wasm.oracle_at_init(config), ids[: 1 << 16], 10, wasm.BATCH)

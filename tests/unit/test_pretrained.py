@@ -1,8 +1,9 @@
 import torch
 
 from posttrainllm import lora, preference, sft
-from posttrainllm.pretrained import Recipe, base_model, dpo_model, held_out_ids, sft_model
+from posttrainllm.pretrained import Recipe, base_model, held_out_ids
 from posttrainllm.train import evaluate
+from posttrainllm.tuned import dpo_model, sft_model
 
 
 def same_weights(a, b) -> bool:

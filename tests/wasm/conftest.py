@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from posttrainllm import wasm
+from posttrainllm.model import oracle_setup
 from tests.conftest import IN_CI, require
 
 STEPS = 100  # the issue's drift horizon
@@ -46,6 +47,6 @@ def dist(request):
 def oracle():
     """Module 7's config and training ids, and the oracle's losses over STEPS steps from the
     trainer's own initialisation on the trainer's batches."""
-    config, _, ids = wasm.oracle_setup()
+    config, _, ids, _ = oracle_setup()
     model = wasm.oracle_at_init(config)
     return {"config": config, "ids": ids, "losses": np.array(wasm.oracle_losses(model, ids, STEPS, wasm.BATCH))}
