@@ -9,16 +9,28 @@ VENDOR := _build/vendor
 LITE_WHEELS := _build/lite-wheels/.installed
 STRICT := --all -W -n --keep-going
 
-.PHONY: book test lab install vendor notebooks lint clean wasm
+.PHONY: book test lab install vendor notebooks lint clean wasm constraints
 
 # --- set-up -------------------------------------------------------------------------------
-$(VENV)/.installed: pyproject.toml
+# Exact versions from constraints.txt (what CI tests); `make book CONSTRAINTS=` installs from
+# pyproject.toml's ranges instead, e.g. on a Python the pins have no wheels for.
+CONSTRAINTS ?= constraints.txt
+PIP_INSTALL = $(BIN)/python -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[torch,book,test,lab]'
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) -e '.[torch,book,test,lab]'
 	touch $@
 
 install: $(VENV)/.installed
+
+# After changing pyproject.toml's dependencies: install from the ranges, test, then pin what passed.
+constraints: install
+	{ echo "# Exact versions for reproducible installs: \`make install\` and CI install with \`-c constraints.txt\`;"; \
+	  echo "# pyproject.toml keeps ranges. Regenerate with \`make constraints\` after changing the environment."; \
+	  $(BIN)/python -m pip freeze --all --exclude-editable | grep -v '^posttrainllm' | sed -E 's/\+[A-Za-z0-9.]+$$//' \
+	  | sort -f; } > constraints.txt
 
 # The book serves its own copies of require.js, the ipywidgets HTML manager and MathJax
 # (exact versions in package-lock.json), so no page loads anything from another host.

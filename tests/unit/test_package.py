@@ -1,12 +1,15 @@
 """The package as an installed distribution sees it: one version, a clear error without torch."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 import tomllib
 from importlib import metadata
 from pathlib import Path
+
+import pytest
 
 import posttrainllm
 
@@ -84,3 +87,42 @@ def test_the_module_map_names_every_module_once():
     teaching = {m for m in coverage.package_modules() if not m.startswith("tools.") and m != "__main__"}
     assert sorted(named) == sorted(set(named)), "a module is named twice"
     assert set(named) == teaching | {"tools"}
+
+
+def _pins() -> dict[str, str]:
+    from packaging.utils import canonicalize_name
+
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    pairs = [line.split("==") for line in lines if line and not line.startswith("#")]
+    assert all(len(pair) == 2 for pair in pairs), "constraints.txt holds name==version lines only"
+    return {canonicalize_name(name): version for name, version in pairs}
+
+
+def _declared():
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = [r for group in project["optional-dependencies"].values() for r in group]
+    return [Requirement(r) for r in project["dependencies"] + extras]
+
+
+def test_pyproject_declares_ranges_and_constraints_pin_each_inside_it():
+    from packaging.utils import canonicalize_name
+
+    pins = _pins()
+    exact = [str(r) for r in _declared() if any(s.operator in ("==", "===") for s in r.specifier)]
+    assert exact == [], "exact pins belong in constraints.txt"
+    for req in _declared():
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{name} is not pinned in constraints.txt (make constraints)"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} is outside {req}"
+
+
+def test_ci_tests_the_pinned_versions():
+    if os.environ.get("CI", "").lower() != "true":
+        pytest.skip("a laptop may install from the ranges (make CONSTRAINTS=); CI installs the pins")
+    from packaging.utils import canonicalize_name
+
+    installed = {canonicalize_name(d.metadata["Name"]): d.version.split("+")[0] for d in metadata.distributions()}
+    differ = {n: (v, installed.get(n)) for n, v in _pins().items() if installed.get(n) != v}
+    assert differ == {}, f"pinned vs installed: {differ}"
