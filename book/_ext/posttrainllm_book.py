@@ -91,8 +91,19 @@ def benchmark_tables() -> str:
         return "No benchmark results are committed yet.\n"
     parts = []
     for path in results:
-        parts += [f"## {json.loads(path.read_text(encoding='utf-8'))['title']}\n", *result_table(path)]
+        title = json.loads(path.read_text(encoding="utf-8"))["title"]
+        parts += [f"## {short_title(title)}\n", f"*{title}.*\n", *result_table(path)]
     return "\n".join(parts)
+
+
+def short_title(title: str) -> str:
+    """A section heading from a result's title: the part before its first colon or parenthesis
+    (the full title follows as the section's first line).
+
+    >>> short_title("WGSL matmul through wgpu-py on NVIDIA H200 (DiscreteGPU, Vulkan)")
+    'WGSL matmul through wgpu-py on NVIDIA H200'
+    """
+    return title.split(":")[0].split(" (")[0].strip()
 
 
 def drift_table() -> str:

@@ -45,3 +45,11 @@ def test_the_mechanics_chapter_was_executed_by_the_build(built_book):
     assert "changing token 0 moves logits up to position 9; L(W-1) = 9" in page
     assert re.search(r"top-1 aux=0.01: busiest expert 1\.\d\dx its fair share", page)
     assert page.count('<img alt="_images/') + page.count('src="../_images/') >= 3  # its figures
+
+
+def test_no_page_shows_a_markdown_table_as_text(built_book):
+    """A table a cell displays as Markdown must render as a table, not as a paragraph of pipes."""
+    row = re.compile(r"<p>\s*\|[^<\n]*\|\s*$", re.M)
+    pages = [p for p in (BUILD / "html").rglob("*.html") if "lite" not in p.relative_to(BUILD / "html").parts]
+    shown = [p.relative_to(BUILD / "html").as_posix() for p in pages if row.search(p.read_text(encoding="utf-8"))]
+    assert shown == []
