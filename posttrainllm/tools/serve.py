@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import http.server
+from http import HTTPStatus
 from pathlib import Path
 
 ISOLATION_HEADERS = {
@@ -34,11 +35,21 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     }
 
     def end_headers(self) -> None:
-        if not self.path.startswith(NOT_ISOLATED):
+        # a malformed request line is answered (400, 414, 505) before ``path`` is ever set
+        if not getattr(self, "path", "").startswith(NOT_ISOLATED):
             for name, value in ISOLATION_HEADERS.items():
                 self.send_header(name, value)
         self.send_header("Cache-Control", "no-cache")
         super().end_headers()
+
+    def send_head(self):
+        """Only files under the served folder: a symlink that leads out of it is not followed."""
+        target = Path(self.translate_path(self.path)).resolve()
+        root = Path(self.directory).resolve()
+        if target != root and root not in target.parents:
+            self.send_error(HTTPStatus.NOT_FOUND, "File not found")  # the same answer as a missing file
+            return None
+        return super().send_head()
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
         if not getattr(self.server, "quiet", False):
