@@ -85,7 +85,9 @@ def default_path() -> Path:
 
 
 def parse(text: str) -> list[Topic]:
-    """Topics in file order. A field's value may continue on lines indented by spaces.
+    """Topics in file order. A field's value may continue on the lines below it: indented ones, and
+    unindented ones too (Markdown's lazy continuation: the book shows them inside the field), up to
+    a blank line or a line that starts another block (a field, heading, list item, quote or fence).
 
     >>> [t.name for t in parse("## A\\n- What: x\\n  more\\n- Why here: TBD\\n")]
     ['A']
@@ -104,7 +106,7 @@ def parse(text: str) -> list[Topic]:
         if match:
             current = Field(match["name"], match["value"].strip(), i, i + 1)
             topics[-1].fields.setdefault(current.name, current)
-        elif current is not None and line.startswith("  ") and line.strip():
+        elif current is not None and line.strip() and (line.startswith("  ") or not _BLOCK_START.match(line)):
             current.value = f"{current.value} {line.strip()}".strip()
             current.end = i + 1
         else:

@@ -275,3 +275,13 @@ def test_status_into_a_closed_pipe_exits_quietly():  # as in `posttrainllm study
     proc.stdout.close()  # the reader is gone before the first line is written
     err = proc.stderr.read().decode()
     assert proc.wait() == 0 and err == ""
+
+
+def test_force_replaces_an_answer_that_a_hand_edit_wrapped_without_indenting(tmp_path):
+    queue = tmp_path / "study-queue.md"
+    queue.write_text("## A\n- What: x\n- Why here: my first try,\nwrapped by hand\nand again\n\n"
+                     "## B\n- Why here: TBD\n")
+    assert study.load(queue)[0].why_here == "my first try, wrapped by hand and again"
+    study.fill("A", "a better answer", force=True, path=queue)
+    assert queue.read_text() == "## A\n- What: x\n- Why here: a better answer\n\n## B\n- Why here: TBD\n"
+    assert [t.why_here for t in study.load(queue)] == ["a better answer", "TBD"]
