@@ -150,6 +150,16 @@ def excerpt(file: str, start: str) -> str:
     return "\n".join(lines[first : last + 1])
 
 
+def check_shapes(what: str, ndim: int, **arrays) -> None:
+    """Arrays a kernel is about to get: each ``ndim``-dimensional and non-empty, or a ``ValueError``
+    in the reader's words (wgpu's own, later, would name buffers and bindings instead)."""
+    for name, x in arrays.items():
+        if x.ndim != ndim:
+            raise ValueError(f"{what}: {name} must have {ndim} dimensions, got shape {x.shape}")
+        if 0 in x.shape:
+            raise ValueError(f"{what}: {name} is empty (shape {x.shape}); the kernel needs at least one element")
+
+
 @dataclass
 class Timing:
     median_ms: float
@@ -283,6 +293,7 @@ class GPU:
         """``a @ b`` (f32; ``b`` as f16 for the f16 kernels) by one of the matmul kernels."""
         import numpy as np
 
+        check_shapes("matmul", 2, a=a, b=b)
         (m, k), (k2, n) = a.shape, b.shape
         if k != k2:
             raise ValueError(f"cannot multiply {a.shape} by {b.shape}: inner sizes differ")
@@ -302,6 +313,7 @@ class GPU:
         """Softmax over the last axis of a 2-D f32 array."""
         import numpy as np
 
+        check_shapes("softmax", 2, x=x)
         rows, cols = x.shape
         (y,), timing = self.dispatch(file, params, [x.astype(np.float32)], [((rows, cols), np.float32)],
                                      np.array([rows, cols, 0, 0]), (rows, 1, 1), repeat)
@@ -312,6 +324,10 @@ class GPU:
         """Causal attention of ``(H, T, D)`` arrays: returns ``(output, logsumexp, timing)``."""
         import numpy as np
 
+        check_shapes("attention", 3, q=q, k=k, v=v)
+        if not q.shape == k.shape == v.shape:  # causal self-attention: keys as long as the queries
+            raise ValueError(f"attention: q, k and v must have the same (heads, length, head size) shape, got "
+                             f"{q.shape}, {k.shape} and {v.shape}")
         h, t, d = q.shape
         _, _, consts = self.pipeline(file, params)
         if d != consts["D"]:

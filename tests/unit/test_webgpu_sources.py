@@ -71,3 +71,25 @@ console.log(JSON.stringify({{out, refused, half: Array.from(rt.toHalfBits([1, -2
     with np.errstate(over="ignore"):  # 70000 is past fp16's largest value: it rounds to infinity
         expected = np.array([1, -2, 65504, 1e-8, 0.1, 70000], np.float32).astype(np.float16)
     assert result["half"] == expected.view(np.uint16).tolist()
+
+
+def test_the_javascript_runtime_checks_shapes_before_dispatch(tmp_path):
+    node = shutil.which("node")
+    require(node is not None, "node (apt-get install nodejs)")
+    script = tmp_path / "shapes.mjs"
+    script.write_text(f"""
+import * as rt from {json.dumps((webgpu.KERNELS / "runtime.js").as_uri())};
+const kernel = {{consts: {{D: 64, BR: 16, BM: 16, BN: 16}}}};
+const refuse = async (f) => {{ try {{ await f(); return "accepted"; }} catch (err) {{ return err.message; }} }};
+const q = new Float32Array(4 * 16 * 64), short = new Float32Array(4 * 8 * 64);
+console.log(JSON.stringify([
+  await refuse(() => rt.attention(null, kernel, q, short, short, 4, 16, 64)),
+  await refuse(() => rt.matmul(null, kernel, new Float32Array(0), new Float32Array(0), 0, 3, 4)),
+  await refuse(() => rt.matmul(null, kernel, new Float32Array(6), new Float32Array(5), 2, 2, 3)),
+]));
+""")
+    shorter, empty, wrong = json.loads(subprocess.run([node, str(script)], check=True, capture_output=True,
+                                                      text=True).stdout)
+    assert shorter == "attention: k (H x T x D) holds 2048 numbers where its shape needs 4096"
+    assert empty == "matmul: m must be a whole number of at least 1, got 0"
+    assert wrong == "matmul: B (k x n) holds 5 numbers where its shape needs 6"

@@ -113,3 +113,17 @@ def test_timing_reports_its_method(gpu):
     c, timing = gpu.matmul(a, a, "matmul_tiled.wgsl", repeat=3)
     assert np.all(c == 64) and timing.runs == 3 and timing.median_ms > 0
     assert timing.method == ("timestamp-query" if "timestamp-query" in gpu.features else "wall-clock")
+
+
+def test_shapes_are_checked_before_dispatch_in_the_readers_words(gpu):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((4, 16, 64), dtype=np.float32)
+    short = q[:, :8]  # keys and values half as long as the queries: no causal self-attention
+    with pytest.raises(ValueError, match=r"same \(heads, length, head size\) shape"):
+        gpu.attention(q, short, short)
+    with pytest.raises(ValueError, match="q must have 3 dimensions"):
+        gpu.attention(q[0], q[0], q[0])
+    with pytest.raises(ValueError, match="a is empty"):
+        gpu.matmul(np.zeros((0, 4), np.float32), np.zeros((4, 3), np.float32))
+    with pytest.raises(ValueError, match="x must have 2 dimensions"):
+        gpu.softmax(np.zeros(5, np.float32))

@@ -225,9 +225,23 @@ export function fromHalfBits(h) {
   return sign * (1 + mant / 1024) * 2 ** (exp - 15);
 }
 
+// Sizes checked before a dispatch, in the reader's words: a kernel given arrays that disagree with
+// its sizes would read past them or return a result that means nothing.
+export function checkShapes(what, sizes, arrays) {
+  for (const [name, value] of Object.entries(sizes)) {
+    if (!Number.isInteger(value) || value < 1) throw new Error(`${what}: ${name} must be a whole number of at least 1, got ${value}`);
+  }
+  for (const [name, [array, length]] of Object.entries(arrays)) {
+    if (array.length !== length) {
+      throw new Error(`${what}: ${name} holds ${array.length} numbers where its shape needs ${length}`);
+    }
+  }
+}
+
 // C = A @ B (row-major Float32Arrays) with one of the matmul kernels; pads for ALIGN, converts
 // B to f16 for the f16 kernels. Returns {c, timing}.
 export async function matmul(gpu, kernel, a, b, m, n, k, repeat = 0) {
+  checkShapes("matmul", {m, n, k}, {"A (m x k)": [a, m * k], "B (k x n)": [b, k * n]});
   const align = kernel.consts.ALIGN || 1;
   const kp = Math.ceil(k / align) * align;
   const np = Math.ceil(n / align) * align;
@@ -244,6 +258,9 @@ export async function matmul(gpu, kernel, a, b, m, n, k, repeat = 0) {
 
 // Causal attention of (H, T, D) Float32Arrays. Returns {o, lse, timing}.
 export async function attention(gpu, kernel, q, k, v, h, t, d, repeat = 0) {
+  // causal self-attention: keys and values are as long as the queries
+  checkShapes("attention", {heads: h, length: t, "head size": d},
+              {"q (H x T x D)": [q, h * t * d], "k (H x T x D)": [k, h * t * d], "v (H x T x D)": [v, h * t * d]});
   if (d !== kernel.consts.D) throw new Error(`this kernel is compiled for head size ${kernel.consts.D}, not ${d}`);
   if (kernel.consts.MAX_T && t > kernel.consts.MAX_T) {
     throw new Error(`the naive kernel keeps a private score row of MAX_T=${kernel.consts.MAX_T} floats; T=${t} is longer`);
