@@ -134,6 +134,24 @@ def test_notebook_widgets_show_sliders_pictures_and_study_cards(visit):
     assert errors == []
 
 
+def test_a_study_card_on_the_static_page_keeps_the_answer_and_gives_the_command(visit):
+    page, errors, _ = visit("notebooks/01-from-a-line.html")
+    page.wait_for_selector(".widget-textarea textarea", timeout=15000)
+    page.locator(".widget-textarea textarea").fill("It's where the loss starts.")
+    page.get_by_role("button", name="Save").click()
+    command = page.locator(".ptl-static-command").inner_text()
+    topic = page.locator(".widget-vbox p b", has_text="Study card:").locator("..").inner_text()
+    topic = topic.replace("Study card:", "").strip()
+    assert command == f"posttrainllm study fill '{topic}' 'It'\\''s where the loss starts.'"
+    page.reload()  # the answer survives in this browser
+    page.wait_for_selector(".widget-textarea textarea", timeout=15000)
+    page.wait_for_function("document.querySelector('.widget-textarea textarea').value !== ''", timeout=15000)
+    assert page.locator(".widget-textarea textarea").input_value() == "It's where the loss starts."
+    # and each slider says that its figure was drawn at build time
+    assert page.locator(".ptl-static-slider-note").count() >= 1
+    assert errors == []
+
+
 def _cell(page, kind):
     cell = page.locator(f".ptl-webgpu[data-kind={kind}]")
     assert cell.count() == 1, f"no {kind} WebGPU cell on the page"
@@ -152,8 +170,9 @@ def test_webgpu_cells_run_on_the_page_and_match_the_cpu(webgpu_browser, site, pl
         status = cell.locator(".ptl-status")
         assert cell.get_attribute("data-state") == "ready", status.inner_text()
         assert "software (CPU) adapter" in status.inner_text()  # SwiftShader says what its times mean
+        assert cell.locator("select").input_value() == "small"  # a software adapter starts small
         cell.locator("select").select_option("small")
-        cell.locator("button").click()
+        cell.locator("button.ptl-run").click()
         page.wait_for_function("e => ['done', 'error'].includes(e.dataset.state)", arg=cell.element_handle(),
                                timeout=240000)
         assert cell.get_attribute("data-state") == "done", status.inner_text()
@@ -178,6 +197,25 @@ def test_webgpu_cells_run_on_the_page_and_match_the_cpu(webgpu_browser, site, pl
             context.close()
 
 
+def test_a_webgpu_race_stops_when_asked(webgpu_browser, site):
+    _visit, opened = _visitor(webgpu_browser, site)
+    try:
+        page, errors, _ = _visit("notebooks/03-tensors.html")
+        cell = _cell(page, "matmul")
+        cell.locator("select").select_option("large")  # minutes on SwiftShader: only Stop ends it soon
+        cell.locator("button.ptl-run").click()
+        cell.locator("button.ptl-stop").click()
+        page.wait_for_function("e => e.dataset.state !== 'running'", arg=cell.element_handle(), timeout=120000)
+        assert cell.get_attribute("data-state") == "stopped"
+        assert "Stopped by you" in cell.locator(".ptl-status").inner_text()
+        assert len(json.loads(cell.get_attribute("data-results"))) < 2 * 6  # not both sizes' six kernels
+        assert cell.locator("button.ptl-run").is_enabled() and cell.locator("button.ptl-stop").is_disabled()
+        assert errors == []
+    finally:
+        for context in opened:
+            context.close()
+
+
 @pytest.mark.parametrize("path", sorted(WEBGPU_CELLS))
 def test_webgpu_cells_explain_themselves_without_webgpu(visit, path):
     page, errors, _ = visit(path)  # the default browser runs with --disable-gpu: no adapter
@@ -185,7 +223,7 @@ def test_webgpu_cells_explain_themselves_without_webgpu(visit, path):
     assert cell.get_attribute("data-state") == "unavailable"
     message = cell.locator(".ptl-status").inner_text()
     assert "WebGPU" in message and "no GPU adapter" in message
-    assert cell.locator("button").is_disabled()
+    assert cell.locator("button.ptl-run").is_disabled()
     assert errors == []
 
 

@@ -84,7 +84,7 @@ def test_the_browser_cells_run_in_jupyterlab(lab, chromium, notebook, wasm_oracl
         page.wait_for_function("document.querySelector('.ptl-webgpu')?.dataset.state === 'ready'", timeout=180000)
         cell = page.locator(".ptl-webgpu")
         cell.locator("select").select_option("small")
-        cell.locator("button").click()
+        cell.locator("button.ptl-run").click()
         page.wait_for_function("e => ['done', 'error'].includes(e.dataset.state)", arg=cell.element_handle(),
                                timeout=240000)
         status = cell.locator(".ptl-status").inner_text()

@@ -2,7 +2,8 @@
 // run on the reader's GPU with runtime.js and checked against the CPU in the page.
 // mount(root, runtime, files, config) is called by the cell's HTML (posttrainllm.webgpu.browser_cell),
 // which passes the runtime module and the kernel sources. When the run ends, root.dataset.state
-// is "done" and root.dataset.results holds every measurement as JSON (the browser tests read it).
+// is "done" (or "stopped", when the reader pressed Stop) and root.dataset.results holds every
+// measurement as JSON (the browser tests read it).
 
 const SIZES = {
   matmul: {small: [64, 128, 256], standard: [256, 512, 1024], large: [1024, 2048]},
@@ -24,14 +25,14 @@ export async function mount(root, rt, files, config) {
   const status = el("p", {class: "ptl-status"}, "Looking for a WebGPU adapter...");
   const sizes = el("select", {class: "ptl-sizes", "aria-label": "sizes"});
   for (const [name, list] of Object.entries(SIZES[config.kind])) {
-    const option = el("option", {value: name}, `${name}: ${list.join(", ")}`);
-    if (name === "standard") option.selected = true;
-    sizes.append(option);
+    sizes.append(el("option", {value: name}, `${name}: ${list.join(", ")}`));
   }
   const button = el("button", {class: "ptl-run", type: "button", disabled: ""},
                     config.kind === "matmul" ? "Run the matmul race" : "Run naive vs FlashAttention-2");
-  const output = el("div", {class: "ptl-output"});
-  root.append(el("div", {class: "ptl-controls"}, sizes, " ", button), status, output);
+  const stop = el("button", {class: "ptl-stop", type: "button", disabled: ""}, "Stop");
+  // wide tables scroll inside the cell instead of running past the page's column
+  const output = el("div", {class: "ptl-output", style: "overflow-x:auto;max-width:100%"});
+  root.append(el("div", {class: "ptl-controls"}, sizes, " ", button, " ", stop), status, output);
   root.dataset.state = "starting";
   let gpu;
   try {
@@ -45,23 +46,46 @@ export async function mount(root, rt, files, config) {
   const kinds = [...gpu.features].join(", ") || "none";
   status.textContent = `Ready: ${gpu.name}${gpu.fallback ? " — a software (CPU) adapter: its times say nothing " +
     "about GPU speed" : ""}. Optional features: ${kinds}.`;
+  // a software adapter takes minutes over the standard sizes: start it on the small ones
+  sizes.value = gpu.fallback ? "small" : "standard";
   root.dataset.state = "ready";
   button.disabled = false;
+  let run = null;
+  stop.addEventListener("click", () => {
+    if (run) run.stopped = true;
+    stop.disabled = true;
+    status.textContent = "Stopping after the kernel that is running now...";
+  });
   button.addEventListener("click", async () => {
     button.disabled = true;
+    stop.disabled = false;
     root.dataset.state = "running";
+    run = {stopped: false, results: []};
     try {
       const list = SIZES[config.kind][sizes.value];
-      const results = config.kind === "matmul"
-        ? await matmulRace(rt, gpu, files, config.variants, list, output, status)
-        : await attentionRace(rt, gpu, files, config.variants, list, output, status);
-      root.dataset.results = JSON.stringify(results);
+      if (config.kind === "matmul") await matmulRace(rt, gpu, files, config.variants, list, output, status, run);
+      else await attentionRace(rt, gpu, files, config.variants, list, output, status, run);
       root.dataset.state = "done";
     } catch (err) {
-      fail(root, status, err.message);
+      if (err instanceof Stopped) {
+        status.textContent = `Stopped by you after ${run.results.length} measurements; choose smaller sizes or run again.`;
+        root.dataset.state = "stopped";
+      } else {
+        fail(root, status, err.message);
+      }
     }
+    root.dataset.results = JSON.stringify(run.results);
     button.disabled = false;
+    stop.disabled = true;
   });
+}
+
+class Stopped extends Error {}
+
+// Called between kernels: a kernel already on the GPU cannot be interrupted, so Stop takes effect
+// when it returns.
+function checkpoint(run) {
+  if (run.stopped) throw new Stopped("stopped");
 }
 
 function fail(root, status, message) {
@@ -81,18 +105,19 @@ function table(columns) {
 }
 
 function bar(fraction) {
-  return el("div", {class: "ptl-bar", style: `width:${Math.max(1, 160 * fraction)}px;height:10px;background:#4a7ab5`});
+  return el("div", {class: "ptl-bar", style: `width:${Math.max(1, 100 * fraction)}px;height:10px;background:#4a7ab5`});
 }
 
-async function matmulRace(rt, gpu, files, variants, list, output, status) {
-  const results = [];
-  const {t, add} = table(["n", "kernel", "GFLOP/s", "", "max error", "check"]);
+async function matmulRace(rt, gpu, files, variants, list, output, status, run) {
+  const results = run.results;
+  const {t, add} = table(["n", "kernel", "GFLOP/s", "check", "max error", ""]);
   output.replaceChildren(t);
   for (const n of list) {
     const a = rt.randomArray(n * n, n);
     const b = rt.randomArray(n * n, n + 1);
     const rows = [];
     for (const v of variants) {
+      checkpoint(run);
       status.textContent = `n = ${n}: ${v.name}...`;
       if (v.feature && !gpu.features.has(v.feature)) {
         rows.push({n, kernel: v.name, skipped: `needs ${v.feature}, which this GPU lacks`});
@@ -106,8 +131,8 @@ async function matmulRace(rt, gpu, files, variants, list, output, status) {
     }
     const best = Math.max(...rows.filter((r) => r.gflops).map((r) => r.gflops));
     for (const r of rows) {
-      if (r.skipped) add(n, r.kernel, "-", "", "-", r.skipped);
-      else add(n, r.kernel, r.gflops.toFixed(1), bar(r.gflops / best), r.error.toExponential(1), r.ok ? "✓ matches the CPU" : "✗ WRONG");
+      if (r.skipped) add(n, r.kernel, "-", r.skipped, "-", "");
+      else add(n, r.kernel, r.gflops.toFixed(1), r.ok ? "✓ matches the CPU" : "✗ WRONG", r.error.toExponential(1), bar(r.gflops / best));
     }
     results.push(...rows);
   }
@@ -121,10 +146,10 @@ async function matmulRace(rt, gpu, files, variants, list, output, status) {
   return results;
 }
 
-async function attentionRace(rt, gpu, files, variants, list, output, status) {
+async function attentionRace(rt, gpu, files, variants, list, output, status, run) {
   const h = 4;
   const d = 64;
-  const results = [];
+  const results = run.results;
   const {t, add} = table(["T", "kernel", "ms", "max error", "check"]);
   const plot = el("div", {class: "ptl-plot"});
   output.replaceChildren(t, plot);
@@ -132,6 +157,7 @@ async function attentionRace(rt, gpu, files, variants, list, output, status) {
     const [q, k, v] = [1, 2, 3].map((s) => rt.randomArray(h * len * d, len * 10 + s));
     const rows = [0, 1, Math.floor(len / 2), len - 1].filter((r, i, all) => r < len && all.indexOf(r) === i);
     for (const variant of variants) {
+      checkpoint(run);
       status.textContent = `T = ${len}: ${variant.name}...`;
       const params = {...variant.params};
       if (variant.file.includes("naive")) params.MAX_T = Math.max(1024, len);  // the private row must hold T scores
