@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import shutil
 import struct
 import subprocess
@@ -169,17 +170,55 @@ def node() -> str:
     return path
 
 
+def _ids(name: str, ids, vocab: int, shape: tuple[int, ...] | None = None) -> None:
+    """Token ids as the trainer needs them: whole numbers in ``[0, vocab)`` (and of ``shape``)."""
+    array = np.asarray(ids)
+    if shape is not None and array.shape != shape:
+        raise ValueError(f"{name} must have shape {shape} (batch, block), got {array.shape}")
+    if array.dtype.kind not in "iu":
+        if array.dtype.kind != "f":
+            raise ValueError(f"{name} must be whole token ids, got an array of {array.dtype}")
+        whole = np.isfinite(array) & (array == np.round(array))
+        if not whole.all():
+            raise ValueError(f"{name} must be whole token ids; {array.flat[np.flatnonzero(~whole)[0]].item()!r} is not")
+    outside = np.flatnonzero((array < 0) | (array >= vocab))
+    if outside.size:
+        i = int(outside[0])
+        raise ValueError(f"{name}[{i}] is id {array.flat[i]}, outside the vocabulary of {vocab}")
+
+
+def check_job(config: dict, *, threads: int, seed: int, tokens, steps: int, lr: float, batch) -> None:
+    """Every id and hyperparameter of a run, checked before the trainer sees it (the trainer checks
+    them again): a ``ValueError`` naming the bad value."""
+    for name, value, low in (("threads", threads, 1), ("steps", steps, 0), ("seed", seed, 0)):
+        if not isinstance(value, int | np.integer) or value < low:
+            raise ValueError(f"{name} must be a whole number of at least {low}, got {value!r}")
+    if seed >= 1 << 32:
+        raise ValueError(f"seed must be below 2**32, got {seed}")
+    if not (isinstance(lr, int | float) and math.isfinite(lr) and lr >= 0):
+        raise ValueError(f"the learning rate must be a finite number of 0 or more, got {lr!r}")
+    if tokens is not None:
+        _ids("tokens", tokens, config["vocab"])
+    if batch is not None:
+        for name, ids in zip(("inputs", "targets"), batch, strict=True):
+            _ids(name, ids, config["vocab"], (config["batch"], config["block"]))
+
+
 def run(build: str, config: dict, *, threads: int = 1, seed: int = 0, weights: bytes | None = None,
         tokens=None, token_seed: int = 0, steps: int = 0, lr: float = 3e-3, batch=None,
-        bench_gemm: tuple[list[int], int] | None = None, dist: Path = DIST) -> dict:
+        bench_gemm: tuple[list[int], int] | None = None, dist: Path = DIST, validate: bool = True) -> dict:
     """Run ``build`` of the trainer: Emscripten's under node (``posttrainllm/assets/wasm/node_run.mjs``), the
     Memory64 one in wasmtime (:class:`Memory64`), which node 20 cannot load. Returns its answer:
     ``losses`` of ``steps`` training steps on ``tokens``, ``seconds``, ``threads``, and with
     ``batch=(inputs, targets)`` that batch's ``loss``, ``grads`` and ``logits``; with
     ``bench_gemm=(sizes, reps)``, ``gemm``: seconds per n x n x n product and its largest error;
-    ``params`` after training. A trainer error raises ``RuntimeError`` with the trainer's message."""
+    ``params`` after training. A bad id or hyperparameter raises ``ValueError`` (:func:`check_job`;
+    ``validate=False`` leaves the checking to the trainer, as the tests of its own checks need); a
+    trainer error raises ``RuntimeError`` with the trainer's message."""
     if build not in BUILDS:
         raise ValueError(f"no build {build!r}; the builds are {BUILDS}")
+    if validate:
+        check_job(config, threads=threads, seed=seed, tokens=tokens, steps=steps, lr=lr, batch=batch)
     if build == "memory64":
         if threads != 1:
             raise ValueError("the Memory64 build has one thread")
@@ -201,7 +240,7 @@ def run(build: str, config: dict, *, threads: int = 1, seed: int = 0, weights: b
             for name, array in zip(("inputs", "targets"), batch, strict=True):
                 np.asarray(array, dtype="<i4").tofile(tmp / f"{name}.i32")
             job["batch"] = {name: str(tmp / f"{name}.i32") for name in ("inputs", "targets")}
-        (tmp / "job.json").write_text(json.dumps(job))
+        (tmp / "job.json").write_text(json.dumps(job, allow_nan=False))  # node's JSON has no NaN
         done = subprocess.run([node(), "--no-experimental-fetch", str(WASM / "node_run.mjs"), str(tmp / "job.json")],
                               capture_output=True, text=True, timeout=600)
         if done.returncode != 0 or not done.stdout:
@@ -264,10 +303,12 @@ class Memory64:
             pointer = self.put(weights)
             self.check(self.call("tg_load", pointer, len(weights)), "weights")
             self.call("free", pointer)
-        self.call("tg_set_adamw", lr, 0.9, 0.999, 1e-8, 0.0)
+        self.check(self.call("tg_set_adamw", lr, 0.9, 0.999, 1e-8, 0.0), "AdamW")
         if batch is not None:
             x, y = (self.put(np.asarray(a, dtype="<i4").tobytes()) for a in batch)
             answer["loss"] = self.call("tg_loss_and_grads", x, y)
+            if answer["loss"] != answer["loss"]:
+                raise RuntimeError(f"batch: {self.message()}")
             answer["grads"] = self.floats(self.call("tg_grads"), n_params)
             answer["logits"] = self.floats(self.call("tg_logits"), c["batch"] * c["block"] * c["vocab"])
         if tokens is not None:

@@ -86,8 +86,48 @@ def test_a_truncated_or_foreign_weights_file_is_refused(build, dist):
 
 
 def test_tokens_outside_the_vocabulary_are_refused(dist):
-    with pytest.raises(RuntimeError, match="token 5 is id 64, outside the vocabulary of 64"):
-        wasm.run("simd", small(), tokens=[1, 2, 3, 4, 5, 64] + [0] * 40, steps=1, dist=dist)
+    tokens = [1, 2, 3, 4, 5, 64] + [0] * 40
+    with pytest.raises(ValueError, match=r"tokens\[5\] is id 64, outside the vocabulary of 64"):
+        wasm.run("simd", small(), tokens=tokens, steps=1, dist=dist)
+    with pytest.raises(RuntimeError, match="token 5 is id 64, outside the vocabulary of 64"):  # and the trainer too
+        wasm.run("simd", small(), tokens=tokens, steps=1, dist=dist, validate=False)
+
+
+@pytest.mark.parametrize("build", ["simd", "memory64"])
+def test_a_batch_id_outside_the_vocabulary_is_refused_on_both_sides_and_changes_nothing(build, dist):
+    config, shape = small(), (2, 16)
+    inputs, targets = np.ones(shape, int), np.ones(shape, int)
+    for bad, name in ((-1, "inputs"), (64, "targets")):
+        x, y = inputs.copy(), targets.copy()
+        (x if name == "inputs" else y)[1, 3] = bad
+        with pytest.raises(ValueError, match=rf"{name}\[19\] is id {bad}, outside the vocabulary of 64"):
+            wasm.run(build, config, batch=(x, y), dist=dist)
+        kind = name[:-1]
+        with pytest.raises(RuntimeError, match=rf"{kind} 19 is id {bad}, outside the vocabulary of 64"):
+            wasm.run(build, config, batch=(x, y), dist=dist, validate=False)
+    answer = wasm.run(build, config, batch=(inputs, targets), seed=3, dist=dist)
+    np.testing.assert_array_equal(answer["params"], wasm.init_weights(GPTConfig(vocab_size=64, block_size=16,
+                                  n_layer=1, n_head=2, n_embd=16), seed=3))  # no call wrote into the weights
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"tokens": [1.5] * 40}, "tokens must be whole token ids; 1.5 is not"),
+    ({"tokens": [70_000] * 40}, r"tokens\[0\] is id 70000, outside the vocabulary of 64"),
+    ({"lr": float("nan")}, "the learning rate must be a finite number of 0 or more, got nan"),
+    ({"lr": -1e-3}, "the learning rate must be a finite number of 0 or more"),
+    ({"steps": -1}, "steps must be a whole number of at least 0, got -1"),
+    ({"threads": 0}, "threads must be a whole number of at least 1, got 0"),
+    ({"seed": 1 << 40}, "seed must be below 2"),
+    ({"batch": (np.zeros((2, 15), int), np.zeros((2, 16), int))}, r"inputs must have shape \(2, 16\)"),
+])
+def test_ids_and_hyperparameters_are_checked_before_the_trainer_runs(changes, message):
+    with pytest.raises(ValueError, match=message):
+        wasm.run("simd", small(), **changes)
+
+
+def test_the_trainer_itself_refuses_a_nan_learning_rate(dist):
+    with pytest.raises(RuntimeError, match="AdamW: the learning rate must be a finite number"):
+        wasm.run("memory64", small(), lr=float("nan"), dist=dist, validate=False)
 
 
 @pytest.mark.parametrize("build", ["simd", "threads", "memory64"])  # fixed 64 MB; Memory64 capped at 1 GB here

@@ -564,19 +564,36 @@ int tg_set_tokens(const uint16_t* ids, long n, uint32_t seed) {
   return 0;
 }
 
-void tg_set_adamw(float lr, float beta1, float beta2, float eps, float weight_decay) {
-  if (!ready()) return;
+// AdamW's hyperparameters; a NaN, an infinity or a value out of range is refused, since it would
+// turn every weight into NaN on the next step.
+int tg_set_adamw(float lr, float beta1, float beta2, float eps, float weight_decay) {
+  if (!ready()) return 1;
+  if (!(lr >= 0 && lr < INFINITY)) return fail("AdamW: the learning rate must be a finite number of 0 or more");
+  if (!(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1)) return fail("AdamW: beta1 and beta2 must lie in [0, 1)");
+  if (!(eps > 0 && eps < INFINITY)) return fail("AdamW: eps must be a finite number above 0");
+  if (!(weight_decay >= 0 && weight_decay < INFINITY)) return fail("AdamW: weight decay must be finite and 0 or more");
   model->lr = lr;
   model->beta1 = beta1;
   model->beta2 = beta2;
   model->eps = eps;
   model->weight_decay = weight_decay;
+  return 0;
 }
 
 // Loss and gradients for the batch (inputs, targets), each batch x block ids; no update.
 float tg_loss_and_grads(const int32_t* inputs, const int32_t* targets) {
   if (!ready()) return NAN;
   long rows = static_cast<long>(model->cfg.batch) * model->cfg.block;
+  for (long i = 0; i < rows; ++i) {  // an id outside the vocabulary would index past the embedding
+    if (inputs[i] < 0 || inputs[i] >= model->cfg.vocab) {
+      fail("input %ld is id %ld, outside the vocabulary of %ld", i, inputs[i], model->cfg.vocab);
+      return NAN;
+    }
+    if (targets[i] < 0 || targets[i] >= model->cfg.vocab) {
+      fail("target %ld is id %ld, outside the vocabulary of %ld", i, targets[i], model->cfg.vocab);
+      return NAN;
+    }
+  }
   std::memcpy(model->x.data(), inputs, 4 * rows);
   std::memcpy(model->y.data(), targets, 4 * rows);
   float loss = forward(*model, model->cfg.batch, model->cfg.block, true);

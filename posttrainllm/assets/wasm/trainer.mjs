@@ -59,7 +59,7 @@ export class Trainer {
   }
 
   setAdamW({lr = 3e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0} = {}) {
-    this.mod._tg_set_adamw(lr, beta1, beta2, eps, weightDecay);
+    this.check(this.mod._tg_set_adamw(lr, beta1, beta2, eps, weightDecay), "AdamW");
   }
 
   step() {
@@ -70,8 +70,10 @@ export class Trainer {
 
   // loss and gradients for one given batch (Int32Arrays of batch * block ids), no update
   lossAndGrads(inputs, targets) {
-    return this.withBytes(Int32Array.from(inputs), (x) =>
+    const loss = this.withBytes(Int32Array.from(inputs), (x) =>
       this.withBytes(Int32Array.from(targets), (y) => this.mod._tg_loss_and_grads(x, y)));
+    if (Number.isNaN(loss)) throw new Error(`batch: ${this.mod.UTF8ToString(this.mod._tg_error())}`);
+    return loss;
   }
 
   floats(pointer, count) {
