@@ -2,9 +2,13 @@
 gradients after one step, and a loss curve that stays within 1e-3 of the oracle's for 100 steps
 in every build. Bad input answers with the trainer's own message."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from posttrainllm import wasm
 from posttrainllm.model import GPT, GPTConfig
@@ -178,3 +182,17 @@ def test_memory64_has_64_bit_memory_and_grows_past_the_32_bit_builds_ceiling(dis
     with pytest.raises(RuntimeError, match="out of memory"):
         wasm.run("simd", big, dist=dist)  # needs ~300 MB: past the fixed 64 MB
     assert wasm.run("memory64", big, dist=dist)["n_params"] > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(-3, 70), st.floats(allow_nan=True, allow_infinity=True)), min_size=1,
+                max_size=40))
+def test_any_token_list_is_accepted_only_when_every_id_is_in_the_vocabulary(ids):
+    config = small()
+    valid = all(math.isfinite(i) and float(i).is_integer() and 0 <= i < 64 for i in ids)
+    try:
+        wasm.check_job(config, threads=1, seed=0, tokens=ids, steps=1, lr=1e-3, batch=None)
+    except ValueError as err:
+        assert not valid and ("outside the vocabulary" in str(err) or "whole token ids" in str(err))
+    else:
+        assert valid
