@@ -16,7 +16,7 @@ def repo_root() -> Path:
     """The checkout's top folder: the one holding ``book/study-queue.md``."""
     env = os.environ.get("POSTTRAINLLM_ROOT")
     candidates = [Path(env)] if env else []
-    candidates.append(Path(__file__).resolve().parents[1])
+    candidates.append(Path(__file__).resolve().parents[2])  # posttrainllm/tools/checkout.py -> the clone
     candidates.extend([Path.cwd(), *Path.cwd().parents])
     for root in candidates:
         if (root / _MARKER).is_file():

@@ -10,7 +10,8 @@ Two cell tags in the notebooks say what a cell needs, and the tests hold them to
 
 - ``not-in-pyodide``: needs PyTorch, tiktoken or wgpu-py; left out of the browser edition.
 - ``pure-python``: needs nothing but the standard library and posttrainllm, so it runs even
-  offline, with no download at all (module 4's micrograd, module 6's BPE).
+  offline, with no download at all (module 4's micrograd, module 6's BPE, and the cells of
+  modules 3 and 7 that read the WGSL kernels and the WASM trainer's sources).
 
 The site serves Pyodide and the pure-Python wheels itself (book/_ext/lite_site.py); numpy and
 matplotlib are fetched from the Pyodide CDN the first time, by :func:`load`.
@@ -94,7 +95,8 @@ async def load(*packages: str) -> None:
         raise RuntimeError(
             f"could not load {', '.join(missing)} {where}. This notebook needs the network once to "
             "download them; offline, only the pure-Python parts of the book run here (module 4's "
-            "micrograd, module 6's BPE). To run everything, run the notebook locally: make lab." + cause
+            "micrograd, module 6's BPE, the kernel sources of modules 3 and 7). To run everything, "
+            "run the notebook locally: make lab." + cause
         )
 
 

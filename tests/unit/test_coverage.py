@@ -70,3 +70,11 @@ def test_executable_book_pages_count_as_teaching_but_plain_pages_do_not(tmp_path
     sections = coverage.coverage_map(tmp_path)
     assert sections["posttrainllm.moe"] == [coverage.Section("book/ref.md", "Experts", "experts")]
     assert sections["posttrainllm.linear"] == []
+
+
+def test_the_clone_is_found_from_any_working_folder(tmp_path, monkeypatch):
+    from posttrainllm.tools.checkout import repo_root
+
+    monkeypatch.delenv("POSTTRAINLLM_ROOT", raising=False)
+    monkeypatch.chdir(tmp_path)  # an editable install finds its clone from where the package sits
+    assert repo_root() == ROOT
