@@ -20,6 +20,7 @@ Each module holds one concept, named after it, in the order the curriculum meets
             ``sampling``          greedy, temperature, top-k, top-p, and a chi-square check
             ``scaling``           power-law fits and the compute frontier
 - module 6  ``tokenizer``         byte-level BPE: train, encode, stream, save, load
+            ``bpe_ranks``         tiktoken rank tables read offline, rebuilt as merges
             ``embeddings``        nearest neighbours, position encodings
 - module 7  ``attention``         attention, multi-head, online softmax, FlashAttention-2
             ``model``             the oracle GPT (config, norms, RoPE, blocks, weight export)

@@ -46,8 +46,9 @@ GPT2_SPLIT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?
 GPT4_SPLIT = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
-FORMAT = "posttrainllm-bpe v2"
-FORMAT_V1 = "posttrainllm-bpe v1"  # the same without the closing checksum line; still read
+FORMAT = "posttrainllm-bpe v3"
+FORMAT_V2 = "posttrainllm-bpe v2"  # without the byte_ids and n_vocab lines (bytes in order, no gaps); still read
+FORMAT_V1 = "posttrainllm-bpe v1"  # v2 without the closing checksum line; still read
 
 # What the regex module's \s matches (Unicode's White_Space property). The standard library's \s
 # also matches U+001C-U+001F, so it is spelled out rather than borrowed.
@@ -346,20 +347,33 @@ def _checked_pattern(pattern: object):
     return compiled
 
 
-def _checked_specials(special: dict, n_vocab: int) -> dict[str, int]:
-    """Special tokens take the ids right after the merges, one each: ``vocab_size`` counts them so."""
+def _checked_specials(special: dict, first: int, n_vocab: int | None) -> dict[str, int]:
+    """Special tokens take the ids after the merges, one each. Without ``n_vocab`` they follow the
+    merges without gaps, so ``vocab_size`` counts them; with it (an imported encoding such as
+    cl100k_base, whose specials skip ids) each lies in ``[first, n_vocab)``."""
     for name, token_id in special.items():
         if not isinstance(name, str) or not name:
             raise ValueError(f"a special token must be a non-empty string, not {name!r}")
         if not isinstance(token_id, int) or isinstance(token_id, bool):
             raise ValueError(f"special token {name!r} has id {token_id!r}, which is not an integer")
-        if token_id < n_vocab:
+        if token_id < first:
             raise ValueError(f"special token {name!r} has id {token_id}, which a merge already uses")
     ids = sorted(special.values())
-    if ids != list(range(n_vocab, n_vocab + len(ids))):
-        raise ValueError(f"special token ids must be {n_vocab} to {n_vocab + len(ids) - 1}, one each "
+    if n_vocab is None and ids != list(range(first, first + len(ids))):
+        raise ValueError(f"special token ids must be {first} to {first + len(ids) - 1}, one each "
                          f"(the ids after the merges), not {ids}")
+    if n_vocab is not None and (len(set(ids)) != len(ids) or max(ids, default=first) >= n_vocab or n_vocab < first):
+        raise ValueError(f"special token ids must be distinct, one each, from {first} and below n_vocab={n_vocab}, "
+                         f"not {ids}")
     return special
+
+
+def _checked_byte_ids(byte_ids: Iterable[int] | None) -> bytes:
+    """The id of each byte value as a ``bytes.translate`` table: a permutation of 0-255."""
+    table = list(range(256)) if byte_ids is None else list(byte_ids)
+    if sorted(table) != list(range(256)) or not all(isinstance(i, int) for i in table):
+        raise ValueError("byte_ids must give each of the 256 byte values its own id in 0-255 (a permutation)")
+    return bytes(table)
 
 
 def _checksum(lines: list[str]) -> str:
@@ -370,15 +384,28 @@ def _checksum(lines: list[str]) -> str:
 class Tokenizer:
     """A trained byte-level BPE: merges, a pre-tokenisation pattern and special tokens."""
 
-    def __init__(self, merges: list[Pair], pattern: str = GPT4_SPLIT, special_tokens: dict[str, int] | None = None):
-        self.merges = list(merges)
+    def __init__(
+        self,
+        merges: list[Pair],
+        pattern: str = GPT4_SPLIT,
+        special_tokens: dict[str, int] | None = None,
+        byte_ids: Iterable[int] | None = None,
+        n_vocab: int | None = None,
+    ):
+        """``byte_ids[b]`` is the id of byte ``b`` (default: ``b``; cl100k_base permutes them);
+        ``n_vocab`` is the size of the id space when the special tokens leave gaps in it."""
+        self.merges = [tuple(pair) for pair in merges]
         self.pattern = pattern
         self._split = _checked_pattern(pattern)
+        self._byte_table = _checked_byte_ids(byte_ids)
         self.ranks = {pair: 256 + i for i, pair in enumerate(self.merges)}
-        self.vocab = [bytes([b]) for b in range(256)]
+        self.vocab = [b""] * 256
+        for byte, token_id in enumerate(self._byte_table):
+            self.vocab[token_id] = bytes([byte])
         for a, b in self.merges:
             self.vocab.append(self.vocab[a] + self.vocab[b])
-        self.special_tokens = _checked_specials(dict(special_tokens or {}), len(self.vocab))
+        self.special_tokens = _checked_specials(dict(special_tokens or {}), len(self.vocab), n_vocab)
+        self._n_vocab = n_vocab
         self._special_ids = {i: s.encode("utf-8") for s, i in self.special_tokens.items()}
         self._special_split = (
             re.compile("(" + "|".join(map(re.escape, sorted(self.special_tokens, key=len, reverse=True))) + ")")
@@ -386,6 +413,26 @@ class Tokenizer:
             else None
         )
         self._cache: dict[str, list[int]] = {}
+
+    @classmethod
+    def from_ranks(
+        cls, ranks: dict[bytes, int], pattern: str, special_tokens: dict[str, int] | None = None,
+        n_vocab: int | None = None,
+    ) -> Tokenizer:
+        """The tokenizer of a tiktoken rank table (``{token bytes: id}``): merges rebuilt from the
+        ranks (:func:`posttrainllm.bpe_ranks.merges_from_ranks`), the bytes' ids kept as they are."""
+        from posttrainllm.bpe_ranks import merges_from_ranks
+
+        merges, byte_ids = merges_from_ranks(ranks)
+        return cls(merges, pattern, special_tokens, byte_ids, n_vocab)
+
+    @classmethod
+    def from_tiktoken(cls, encoding) -> Tokenizer:
+        """The same encoding as a ``tiktoken.Encoding`` (e.g. ``tiktoken.get_encoding("cl100k_base")``,
+        or one built offline from :func:`posttrainllm.bpe_ranks.read_ranks`): identical ids."""
+        return cls.from_ranks(
+            encoding._mergeable_ranks, encoding._pat_str, encoding._special_tokens, encoding.n_vocab
+        )
 
     @classmethod
     def train(
@@ -406,7 +453,8 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return len(self.vocab) + len(self.special_tokens)
+        """The size of the id space: what a model's embedding needs."""
+        return self._n_vocab or len(self.vocab) + len(self.special_tokens)
 
     # --- encoding -------------------------------------------------------------------------
 
@@ -414,7 +462,7 @@ class Tokenizer:
         cached = self._cache.get(chunk)
         if cached is not None:
             return cached
-        ids = list(to_bytes(chunk))
+        ids = list(to_bytes(chunk).translate(self._byte_table))
         ranks = self.ranks
         while len(ids) > 1:
             # merge the adjacent pair that was learned earliest (lowest rank), as in training
@@ -526,24 +574,43 @@ class Tokenizer:
     def save(self, path: str | Path) -> None:
         """Write the documented text format, atomically::
 
-            posttrainllm-bpe v2
+            posttrainllm-bpe v3
             pattern <the split regex, as a JSON string>
             special <JSON object: token string -> id>
+            byte_ids <"identity", or a JSON list: the id of each byte value 0-255>
+            n_vocab <the size of the id space>
             merges <N>
             <left id> <right id>        (N lines; line i creates id 256 + i)
             sha256 <hex digest of every line above, each ending in a newline>
 
         The checksum catches what the structure cannot: a changed digit in a merge line is still a
-        well-formed file, of another tokenizer.
+        well-formed file, of another tokenizer. Beside it goes ``<path>.vocab``, every token for a
+        person to read (:meth:`vocab_lines`); only the model file is read back.
         """
+        table = list(self._byte_table)
         lines = [FORMAT, f"pattern {json.dumps(self.pattern)}", f"special {json.dumps(self.special_tokens)}"]
-        lines += [f"merges {len(self.merges)}", *(f"{a} {b}" for a, b in self.merges)]
+        lines += [f"byte_ids {'identity' if table == list(range(256)) else json.dumps(table)}"]
+        lines += [f"n_vocab {self.vocab_size}", f"merges {len(self.merges)}", *(f"{a} {b}" for a, b in self.merges)]
         atomic.write_text(path, "\n".join([*lines, _checksum(lines)]) + "\n")
+        atomic.write_text(f"{path}.vocab", "\n".join(self.vocab_lines()) + "\n")
+
+    def vocab_lines(self) -> list[str]:
+        """The vocabulary for a person to read: one line per id, the token (see :func:`_shown`) and,
+        for a merge, the two ids it joins."""
+        head = [
+            "# id, token, and the merge that made it. Training merges the most frequent pair; a tie goes to",
+            "# the smallest (left id, right id). Encoding applies merges lowest id first.",
+        ]
+        rows = [f"{i}\t{_shown(self.vocab[i])}" for i in range(256)]
+        rows += [f"{256 + k}\t{_shown(self.vocab[256 + k])}\t= {a} + {b}" for k, (a, b) in enumerate(self.merges)]
+        specials = sorted(self.special_tokens.items(), key=lambda item: item[1])
+        rows += [f"{i}\t{json.dumps(name)}\tspecial" for name, i in specials]
+        return head + rows
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
-        """Read :meth:`save`'s format (or v1, which had no checksum); a foreign, truncated or corrupt
-        file gives a clear error."""
+        """Read :meth:`save`'s format (or v2 and v1, which had bytes in order, and v1 no checksum); a
+        foreign, truncated or corrupt file gives a clear error."""
 
         def fail(why: str) -> ValueError:
             return ValueError(f"{path} is not a valid tokenizer file: {why}")
@@ -552,19 +619,25 @@ class Tokenizer:
             lines = Path(path).read_text(encoding="utf-8").splitlines()
         except UnicodeDecodeError as err:
             raise fail(f"it is not UTF-8 text (byte {err.start})") from None
-        if not lines or lines[0] not in (FORMAT, FORMAT_V1):
+        if not lines or lines[0] not in (FORMAT, FORMAT_V2, FORMAT_V1):
             raise fail(f"the first line should be {FORMAT!r}")
-        if lines[0] == FORMAT:
+        if lines[0] != FORMAT_V1:
             if not lines[-1].startswith("sha256 "):
                 raise fail("it does not end with its checksum line (truncated?)")
             if lines[-1] != _checksum(lines[:-1]):
                 raise fail("its contents do not match its checksum (damaged, or edited by hand)")
             lines = lines[:-1]
+        if lines[0] != FORMAT:  # v1 and v2: no byte_ids or n_vocab lines
+            lines[3:3] = ["byte_ids identity", "n_vocab none"]
         try:
             pattern = json.loads(lines[1].removeprefix("pattern "))
             special = json.loads(lines[2].removeprefix("special "))
-            n = int(lines[3].removeprefix("merges "))
-            merges = [tuple(map(int, line.split())) for line in lines[4:]]
+            shown = lines[3].removeprefix("byte_ids ")
+            byte_ids = None if shown == "identity" else json.loads(shown)
+            shown = lines[4].removeprefix("n_vocab ")
+            n_vocab = None if shown == "none" else int(shown)
+            n = int(lines[5].removeprefix("merges "))
+            merges = [tuple(map(int, line.split())) for line in lines[6:]]
         except (IndexError, ValueError) as err:
             raise fail(f"the header is damaged ({err})") from None
         if len(merges) != n or any(len(m) != 2 for m in merges):
@@ -575,6 +648,15 @@ class Tokenizer:
         if not isinstance(special, dict):
             raise fail(f"the special tokens should be a JSON object, not {special!r}")
         try:
-            return cls(merges, pattern, special)
-        except ValueError as err:
+            return cls(merges, pattern, special, byte_ids, n_vocab)
+        except (ValueError, TypeError) as err:
             raise fail(str(err)) from None
+
+
+def _shown(token: bytes) -> str:
+    """A token as a person reads it: valid UTF-8 as a JSON string, anything else as Python's bytes
+    literal (``b'\\xe2\\x80'``), so the two never look alike."""
+    try:
+        return json.dumps(token.decode("utf-8"), ensure_ascii=False)
+    except UnicodeDecodeError:
+        return repr(token)

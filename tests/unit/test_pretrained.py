@@ -16,10 +16,11 @@ TINY = Recipe(corpus_chars=30_000, vocab_size=300, n_layer=1, n_embd=16, n_head=
 def test_base_model_is_built_once_then_read_from_the_cache(tmp_path):
     first, tok = base_model(TINY, cache_dir=tmp_path)
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == [f"base-{TINY.key}.bpe", f"base-{TINY.key}.pt"]
-    stamp = (tmp_path / files[1]).stat().st_mtime_ns
+    weights = f"base-{TINY.key}.pt"
+    assert files == [f"base-{TINY.key}.bpe", f"base-{TINY.key}.bpe.vocab", weights]  # .vocab: for people to read
+    stamp = (tmp_path / weights).stat().st_mtime_ns
     second, tok2 = base_model(TINY, cache_dir=tmp_path)
-    assert (tmp_path / files[1]).stat().st_mtime_ns == stamp  # not rebuilt
+    assert (tmp_path / weights).stat().st_mtime_ns == stamp  # not rebuilt
     assert tok2.merges == tok.merges
     assert same_weights(first, second)
     assert evaluate(second, held_out_ids(tok2, TINY), batch_size=4, batches=2) < 7.0

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from posttrainllm import data
 from posttrainllm.tokenizer import (
-    FORMAT,
     FORMAT_V1,
+    FORMAT_V2,
     GPT2_SPLIT,
     Tokenizer,
     _checksum,
@@ -135,7 +135,7 @@ def with_line(text: str, index: int, line: str) -> str:
 
 
 def n_ids(text: str) -> int:  # the first id after the merges: where special tokens start
-    return 256 + int(text.splitlines()[3].split()[1])
+    return 256 + int(next(line for line in text.splitlines() if line.startswith("merges ")).split()[1])
 
 
 @pytest.mark.parametrize(
@@ -145,7 +145,11 @@ def n_ids(text: str) -> int:  # the first id after the merges: where special tok
         (lambda t: "hello\n", "first line"),
         (lambda t: t.replace("merges ", "merges x", 1), "header is damaged"),
         (lambda t: t + "9999 1\n", "holds"),
-        (lambda t: "\n".join([*t.splitlines()[:4], "300 1", *t.splitlines()[5:]]) + "\n", "does not exist yet"),
+        (lambda t: "\n".join([*t.splitlines()[:6], "300 1", *t.splitlines()[7:]]) + "\n", "does not exist yet"),
+        (lambda t: with_line(t, 3, "byte_ids [0, 0]"), "permutation"),
+        (lambda t: with_line(t, 3, 'byte_ids ["a"]'), "permutation"),
+        (lambda t: with_line(t, 4, "n_vocab 300"), "below n_vocab=300"),
+        (lambda t: with_line(t, 4, "n_vocab many"), "header is damaged"),
         (lambda t: with_line(t, 1, 'pattern "(unclosed"'), "not a valid regex"),
         (lambda t: with_line(t, 1, "pattern 42"), "non-empty regex string"),
         (lambda t: with_line(t, 2, 'special {"<a>": "x", "<b>": 1}'), "not an integer"),
@@ -171,7 +175,7 @@ def test_the_checksum_catches_a_well_formed_change_and_truncation(tmp_path):
     tok.save(path)
     text = path.read_text()
     assert text.splitlines()[-1].startswith("sha256 ")
-    merge = next(line for line in text.splitlines()[4:-1] if len(set(line.split())) == 2)
+    merge = next(line for line in text.splitlines()[6:-1] if len(set(line.split())) == 2)
     edited = text.replace(f"\n{merge}\n", f"\n{merge.split()[1]} {merge.split()[0]}\n", 1)  # another valid merge
     path.write_text(edited)
     with pytest.raises(ValueError, match="do not match its checksum"):
@@ -182,8 +186,11 @@ def test_the_checksum_catches_a_well_formed_change_and_truncation(tmp_path):
     path.write_bytes(text.encode()[:20] + b"\xff\xfe" + text.encode()[20:])
     with pytest.raises(ValueError, match="not UTF-8"):
         Tokenizer.load(path)
-    v1 = text.replace(FORMAT, FORMAT_V1, 1).splitlines(keepends=True)[:-1]  # written before checksums: still read
-    path.write_text("".join(v1))
+    lines = text.splitlines(keepends=True)
+    v2 = [FORMAT_V2 + "\n", *lines[1:3], *lines[5:-1]]  # written before byte_ids and n_vocab: still read
+    path.write_text("".join(v2) + _checksum([line.rstrip("\n") for line in v2]) + "\n")
+    assert Tokenizer.load(path).merges == tok.merges and Tokenizer.load(path).vocab_size == tok.vocab_size
+    path.write_text("".join([FORMAT_V1 + "\n", *v2[1:]]))  # and before checksums
     assert Tokenizer.load(path).merges == tok.merges
 
 
