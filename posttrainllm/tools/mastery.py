@@ -377,3 +377,211 @@ def check_expected_tokens(expected_tokens: Callable[[float, int], float],
             result.failures.append(f"measured run k={k} (alpha={alpha:.3f}): {tokens:.2f} tokens per forward, "
                                    f"your formula says {got if err is None else err}")
     return result
+
+
+# --- module 7: the GPT, built by the reader -----------------------------------------------
+# These gates compare with the package's own modules on the same weights, in float64, so a
+# correct answer agrees to rounding and the tolerance (1e-5, the issue's bar) never decides.
+
+GPT_TOLERANCE = 1e-5
+
+
+def _torch():
+    import torch  # not at the top: the browser editions import this module without PyTorch
+
+    return torch
+
+
+def _compare(result: GateResult, label: str, got, want, hints: dict[str, object]) -> None:
+    """One case: ``got`` against ``want``; on a miss, the first hint whose tensor ``got`` matches
+    names the likely mistake."""
+    torch = _torch()
+    result.cases += 1
+    if not isinstance(got, torch.Tensor):
+        result.failures.append(f"{label}: expected a tensor of shape {tuple(want.shape)}, got {type(got).__name__}")
+        return
+    if got.shape != want.shape:
+        result.failures.append(f"{label}: expected shape {tuple(want.shape)}, got {tuple(got.shape)}")
+        return
+    error = (got.detach().double() - want.double()).abs().max().item()
+    if error <= GPT_TOLERANCE:
+        return
+    hint = next((h for h, alt in hints.items() if (got.detach() - alt).abs().max().item() <= GPT_TOLERANCE), None)
+    result.failures.append(f"{label}: largest difference from the reference {error:.3g} (allowed {GPT_TOLERANCE:g})"
+                           + (f" -- {hint}" if hint else ""))
+
+
+def _float64(fn: Callable):
+    """Run ``fn`` with float64 as the default dtype (the book's oracle runs in it), then restore."""
+    torch = _torch()
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return fn()
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _scores_softmax(q, k, v, scale: float, mask, dim: int = -1):
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim) @ v
+
+
+def check_attention(attention: Callable) -> GateResult:
+    """Gate for module 7: ``attention(q, k, v, causal) -> y``, scaled-dot-product attention over
+    tensors shaped (batch, heads, time, head_dim); with ``causal`` a query sees only keys at or
+    before its own position."""
+
+    def run() -> GateResult:
+        torch = _torch()
+        result = GateResult("attention")
+        generator = torch.Generator().manual_seed(7)
+        for label, shape, causal in [("causal, 5 positions", (2, 3, 5, 4), True),
+                                     ("not causal", (1, 2, 6, 8), False),
+                                     ("causal, one position", (1, 1, 1, 4), True),
+                                     ("causal, head_dim 16", (1, 2, 7, 16), True)]:
+            q, k, v = (torch.randn(shape, generator=generator) * 2 for _ in range(3))
+            t = shape[2]
+            lower = torch.ones(t, t, dtype=torch.bool).tril()
+            mask = lower if causal else None
+            want = _scores_softmax(q, k, v, shape[-1] ** -0.5, mask)
+            got, err = _call(attention, q.clone(), k.clone(), v.clone(), causal)
+            if err:
+                result.cases += 1
+                result.failures.append(f"{label}: {err}")
+                continue
+            scale = shape[-1] ** -0.5
+            hints = {"the scores are not scaled: divide them by sqrt(head_dim)": _scores_softmax(q, k, v, 1.0, mask),
+                     "divide the scores by sqrt(head_dim), not head_dim": _scores_softmax(q, k, v, scale**2, mask),
+                     "the softmax runs over the keys (the last dim), not the queries": _scores_softmax(
+                         q, k, v, scale, mask, dim=-2)}
+            if causal:
+                hints["the mask is missing: each query must not see later keys"] = _scores_softmax(q, k, v, scale, None)
+                hints["the mask is the wrong way round: keep keys at or before the query (lower triangle)"] = (
+                    _scores_softmax(q, k, v, scale, ~lower | torch.eye(t, dtype=torch.bool)))
+            _compare(result, label, got, want, hints)
+        return result
+
+    return _float64(run)
+
+
+def _randomised(module, seed: int):
+    """``module`` with every parameter drawn at random (biases and norm gains too), so that a
+    forgotten bias or gain shows: at initialisation they are 0 and 1."""
+    torch = _torch()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.3 + (1.0 if p.ndim == 1 else 0.0))
+    return module
+
+
+def _heads(x, layer, n_head: int, causal: bool = True, project: bool = True):
+    """Multi-head causal self-attention through ``layer``'s weights, with switches for the usual slips."""
+    b, t, c = x.shape
+    q, k, v = (z.view(b, t, n_head, c // n_head).transpose(1, 2) for z in layer.qkv(x).split(c, dim=2))
+    mask = _torch().ones(t, t, dtype=_torch().bool).tril() if causal else None
+    y = _scores_softmax(q, k, v, (c // n_head) ** -0.5, mask).transpose(1, 2).reshape(b, t, c)
+    return layer.proj(y) if project else y
+
+
+def _gpt_cases(seed: int):
+    from posttrainllm.model import GPT, GPTConfig
+
+    for n_layer, n_head, n_embd, t in [(2, 4, 32, 10), (1, 2, 12, 16), (3, 1, 8, 3)]:
+        config = GPTConfig(vocab_size=40, block_size=16, n_layer=n_layer, n_head=n_head, n_embd=n_embd, seed=seed)
+        label = f"{n_layer} layer{'s' * (n_layer > 1)}, {n_head} head{'s' * (n_head > 1)}, width {n_embd}, {t} tokens"
+        yield label, _randomised(GPT(config), seed), t
+        seed += 1
+
+
+def check_self_attention(self_attention: Callable) -> GateResult:
+    """Gate for module 7: ``self_attention(x, layer, n_head) -> y``, causal multi-head
+    self-attention with the weights of ``layer`` (the package's ``CausalSelfAttention``: ``qkv``
+    projects to queries, keys and values side by side, ``proj`` mixes the heads' outputs)."""
+
+    def run() -> GateResult:
+        torch = _torch()
+        result = GateResult("self_attention")
+        for label, model, t in _gpt_cases(11):
+            layer, n_head = model.blocks[0].attn, model.config.n_head
+            x = torch.randn(2, t, model.config.n_embd, generator=torch.Generator().manual_seed(t))
+            got, err = _call(self_attention, x.clone(), layer, n_head)
+            if err:
+                result.cases += 1
+                result.failures.append(f"{label}: {err}")
+                continue
+            with torch.no_grad():
+                hints = {"the mask is missing: position i must not see positions after i": _heads(
+                    x, layer, n_head, causal=False),
+                         "the heads' outputs still need the output projection, layer.proj": _heads(
+                             x, layer, n_head, project=False)}
+                if n_head > 1:
+                    hints[f"split the width into n_head={n_head} heads of {x.shape[-1] // n_head}, "
+                          "attend within each, then join them"] = _heads(x, layer, 1)
+                _compare(result, label, got, layer(x), hints)
+        return result
+
+    return _float64(run)
+
+
+def check_block(block: Callable) -> GateResult:
+    """Gate for module 7: ``block(x, layer, n_head) -> x``, a pre-norm transformer block with the
+    weights of ``layer`` (the package's ``Block``: ``norm1``, ``attn``, ``norm2``, ``mlp`` with
+    ``up`` and ``proj`` around a GELU)."""
+
+    def run() -> GateResult:
+        torch = _torch()
+        result = GateResult("block")
+        for label, model, t in _gpt_cases(21):
+            layer, n_head = model.blocks[-1], model.config.n_head
+            x = torch.randn(2, t, model.config.n_embd, generator=torch.Generator().manual_seed(t))
+            got, err = _call(block, x.clone(), layer, n_head)
+            if err:
+                result.cases += 1
+                result.failures.append(f"{label}: {err}")
+                continue
+            with torch.no_grad():
+                h = layer.norm1(x + layer.attn(x))
+                mid = x + layer.attn(layer.norm1(x))
+                hints = {"that is post-norm (normalise after adding): pre-norm normalises each sublayer's input "
+                         "and adds its output to the unnormalised stream": layer.norm2(h + layer.mlp(h)),
+                         "add each sublayer's output to its input (the residual connection)": layer.mlp(
+                             layer.norm2(layer.attn(layer.norm1(x)))),
+                         "the MLP's nonlinearity is GELU": mid + layer.mlp.proj(
+                             torch.relu(layer.mlp.up(layer.norm2(mid))))}
+                _compare(result, label, got, layer(x), hints)
+        return result
+
+    return _float64(run)
+
+
+def check_gpt_forward(gpt_forward: Callable) -> GateResult:
+    """Gate for module 7: ``gpt_forward(model, idx) -> logits``, the whole GPT on the weights of
+    ``model`` (the package's ``GPT``: ``tok_emb``, ``pos_emb``, ``blocks``, ``norm``, ``head``),
+    checked against ``model(idx)`` itself."""
+
+    def run() -> GateResult:
+        torch = _torch()
+        result = GateResult("gpt_forward")
+        for label, model, t in _gpt_cases(31):
+            idx = torch.randint(0, model.config.vocab_size, (2, t), generator=torch.Generator().manual_seed(t))
+            got, err = _call(gpt_forward, model, idx.clone())
+            if err:
+                result.cases += 1
+                result.failures.append(f"{label}: {err}")
+                continue
+            with torch.no_grad():
+                stream = model.tok_emb(idx) + model.pos_emb(torch.arange(t))
+                unplaced = model.tok_emb(idx)
+                for layer in model.blocks:
+                    stream, unplaced = layer(stream), layer(unplaced)
+                hints = {"add the position embeddings, model.pos_emb(positions 0..t-1), to the token embeddings":
+                         model.head(model.norm(unplaced)),
+                         "normalise the stream (model.norm) before the head": model.head(stream)}
+                _compare(result, label, got, model(idx), hints)
+        return result
+
+    return _float64(run)
