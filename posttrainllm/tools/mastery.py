@@ -497,34 +497,55 @@ def _gpt_cases(seed: int):
         seed += 1
 
 
-def check_self_attention(self_attention: Callable) -> GateResult:
-    """Gate for module 7: ``self_attention(x, layer, n_head) -> y``, causal multi-head
-    self-attention with the weights of ``layer`` (the package's ``CausalSelfAttention``: ``qkv``
-    projects to queries, keys and values side by side, ``proj`` mixes the heads' outputs)."""
+def _model_gate(name: str, seed: int, fn: Callable, case: Callable) -> GateResult:
+    """The loop the gates below share: for each small GPT of :func:`_gpt_cases`, ``case(model, t)``
+    gives the arguments for the learner's ``fn`` and a function returning the reference output
+    and the hints (run without gradients)."""
 
     def run() -> GateResult:
         torch = _torch()
-        result = GateResult("self_attention")
-        for label, model, t in _gpt_cases(11):
-            layer, n_head = model.blocks[0].attn, model.config.n_head
-            x = torch.randn(2, t, model.config.n_embd, generator=torch.Generator().manual_seed(t))
-            got, err = _call(self_attention, x.clone(), layer, n_head)
+        result = GateResult(name)
+        for label, model, t in _gpt_cases(seed):
+            args, reference = case(model, t)
+            got, err = _call(fn, *args)
             if err:
                 result.cases += 1
                 result.failures.append(f"{label}: {err}")
                 continue
             with torch.no_grad():
-                hints = {"the mask is missing: position i must not see positions after i": _heads(
-                    x, layer, n_head, causal=False),
-                         "the heads' outputs still need the output projection, layer.proj": _heads(
-                             x, layer, n_head, project=False)}
-                if n_head > 1:
-                    hints[f"split the width into n_head={n_head} heads of {x.shape[-1] // n_head}, "
-                          "attend within each, then join them"] = _heads(x, layer, 1)
-                _compare(result, label, got, layer(x), hints)
+                want, hints = reference()
+            _compare(result, label, got, want, hints)
         return result
 
     return _float64(run)
+
+
+def _stream(model, t: int):
+    torch = _torch()
+    return torch.randn(2, t, model.config.n_embd, generator=torch.Generator().manual_seed(t))
+
+
+def check_self_attention(self_attention: Callable) -> GateResult:
+    """Gate for module 7: ``self_attention(x, layer, n_head) -> y``, causal multi-head
+    self-attention with the weights of ``layer`` (the package's ``CausalSelfAttention``: ``qkv``
+    projects to queries, keys and values side by side, ``proj`` mixes the heads' outputs)."""
+
+    def case(model, t: int):
+        x, layer, n_head = _stream(model, t), model.blocks[0].attn, model.config.n_head
+
+        def reference():
+            hints = {"the mask is missing: position i must not see positions after i": _heads(
+                         x, layer, n_head, causal=False),
+                     "the heads' outputs still need the output projection, layer.proj": _heads(
+                         x, layer, n_head, project=False)}
+            if n_head > 1:
+                hints[f"split the width into n_head={n_head} heads of {x.shape[-1] // n_head}, "
+                      "attend within each, then join them"] = _heads(x, layer, 1)
+            return layer(x), hints
+
+        return (x.clone(), layer, n_head), reference
+
+    return _model_gate("self_attention", 11, self_attention, case)
 
 
 def check_block(block: Callable) -> GateResult:
@@ -532,30 +553,23 @@ def check_block(block: Callable) -> GateResult:
     weights of ``layer`` (the package's ``Block``: ``norm1``, ``attn``, ``norm2``, ``mlp`` with
     ``up`` and ``proj`` around a GELU)."""
 
-    def run() -> GateResult:
-        torch = _torch()
-        result = GateResult("block")
-        for label, model, t in _gpt_cases(21):
-            layer, n_head = model.blocks[-1], model.config.n_head
-            x = torch.randn(2, t, model.config.n_embd, generator=torch.Generator().manual_seed(t))
-            got, err = _call(block, x.clone(), layer, n_head)
-            if err:
-                result.cases += 1
-                result.failures.append(f"{label}: {err}")
-                continue
-            with torch.no_grad():
-                h = layer.norm1(x + layer.attn(x))
-                mid = x + layer.attn(layer.norm1(x))
-                hints = {"that is post-norm (normalise after adding): pre-norm normalises each sublayer's input "
-                         "and adds its output to the unnormalised stream": layer.norm2(h + layer.mlp(h)),
-                         "add each sublayer's output to its input (the residual connection)": layer.mlp(
-                             layer.norm2(layer.attn(layer.norm1(x)))),
-                         "the MLP's nonlinearity is GELU": mid + layer.mlp.proj(
-                             torch.relu(layer.mlp.up(layer.norm2(mid))))}
-                _compare(result, label, got, layer(x), hints)
-        return result
+    def case(model, t: int):
+        x, layer = _stream(model, t), model.blocks[-1]
 
-    return _float64(run)
+        def reference():
+            h = layer.norm1(x + layer.attn(x))
+            mid = x + layer.attn(layer.norm1(x))
+            hints = {"that is post-norm (normalise after adding): pre-norm normalises each sublayer's input "
+                     "and adds its output to the unnormalised stream": layer.norm2(h + layer.mlp(h)),
+                     "add each sublayer's output to its input (the residual connection)": layer.mlp(
+                         layer.norm2(layer.attn(layer.norm1(x)))),
+                     "the MLP's nonlinearity is GELU": mid + layer.mlp.proj(
+                         _torch().relu(layer.mlp.up(layer.norm2(mid))))}
+            return layer(x), hints
+
+        return (x.clone(), layer, model.config.n_head), reference
+
+    return _model_gate("block", 21, block, case)
 
 
 def check_gpt_forward(gpt_forward: Callable) -> GateResult:
@@ -563,25 +577,20 @@ def check_gpt_forward(gpt_forward: Callable) -> GateResult:
     ``model`` (the package's ``GPT``: ``tok_emb``, ``pos_emb``, ``blocks``, ``norm``, ``head``),
     checked against ``model(idx)`` itself."""
 
-    def run() -> GateResult:
+    def case(model, t: int):
         torch = _torch()
-        result = GateResult("gpt_forward")
-        for label, model, t in _gpt_cases(31):
-            idx = torch.randint(0, model.config.vocab_size, (2, t), generator=torch.Generator().manual_seed(t))
-            got, err = _call(gpt_forward, model, idx.clone())
-            if err:
-                result.cases += 1
-                result.failures.append(f"{label}: {err}")
-                continue
-            with torch.no_grad():
-                stream = model.tok_emb(idx) + model.pos_emb(torch.arange(t))
-                unplaced = model.tok_emb(idx)
-                for layer in model.blocks:
-                    stream, unplaced = layer(stream), layer(unplaced)
-                hints = {"add the position embeddings, model.pos_emb(positions 0..t-1), to the token embeddings":
-                         model.head(model.norm(unplaced)),
-                         "normalise the stream (model.norm) before the head": model.head(stream)}
-                _compare(result, label, got, model(idx), hints)
-        return result
+        idx = torch.randint(0, model.config.vocab_size, (2, t), generator=torch.Generator().manual_seed(t))
 
-    return _float64(run)
+        def reference():
+            stream = model.tok_emb(idx) + model.pos_emb(torch.arange(t))
+            unplaced = model.tok_emb(idx)
+            for layer in model.blocks:
+                stream, unplaced = layer(stream), layer(unplaced)
+            hints = {"add the position embeddings, model.pos_emb(positions 0..t-1), to the token embeddings":
+                     model.head(model.norm(unplaced)),
+                     "normalise the stream (model.norm) before the head": model.head(stream)}
+            return model(idx), hints
+
+        return (model, idx.clone()), reference
+
+    return _model_gate("gpt_forward", 31, gpt_forward, case)
