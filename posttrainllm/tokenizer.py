@@ -10,6 +10,8 @@ Conventions, all tested:
 - **Ids.** 0-255 are the bytes; merge ``i`` (0-based) creates id ``256 + i``; special tokens
   come after the merges. These ids are a tiktoken ``mergeable_ranks`` table as they are, so
   ``tiktoken.Encoding(...)`` built from :meth:`Tokenizer.tiktoken_ranks` encodes identically.
+  An encoding loaded from tiktoken (:meth:`Tokenizer.from_tiktoken`) may give the bytes their
+  ids 0-255 in another order (``byte_ids``) and leave gaps among its special tokens' ids.
 - **Tie-breaking.** When several pairs have the same count, the pair with the smallest
   ``(left id, right id)`` is merged first — deterministic, independent of dict order.
 - **Special tokens.** Text containing a special token's string raises ``ValueError`` unless
@@ -371,7 +373,7 @@ def _checked_specials(special: dict, first: int, n_vocab: int | None) -> dict[st
 def _checked_byte_ids(byte_ids: Iterable[int] | None) -> bytes:
     """The id of each byte value as a ``bytes.translate`` table: a permutation of 0-255."""
     table = list(range(256)) if byte_ids is None else list(byte_ids)
-    if sorted(table) != list(range(256)) or not all(isinstance(i, int) for i in table):
+    if not all(type(i) is int for i in table) or sorted(table) != list(range(256)):
         raise ValueError("byte_ids must give each of the 256 byte values its own id in 0-255 (a permutation)")
     return bytes(table)
 

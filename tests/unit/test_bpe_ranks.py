@@ -57,7 +57,10 @@ def test_the_ranks_are_the_file_tiktoken_downloads():
 
 def test_bytes_are_permuted_and_specials_leave_gaps():
     tok = ours()
-    assert tok.encode("!") == [0] and tok.vocab[0] == b"!"  # cl100k_base's byte order is not 0-255
+    # cl100k_base keeps GPT-2's byte order (module 6 says so): printable bytes first, then the rest
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    order = printable + [b for b in range(256) if b not in printable]
+    assert tok.vocab[:256] == [bytes([b]) for b in order] and tok.encode("!") == [0]
     assert tok.vocab_size == official().n_vocab == 100277
     assert len(tok.merges) == 100256 - 256
     assert tok.encode("<|endofprompt|>", allowed_special="all") == [100276]
