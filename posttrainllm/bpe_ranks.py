@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
-Pair = tuple[int, int]
+from posttrainllm.tokenizer import Pair
 
 
 class RankTable(NamedTuple):

@@ -124,7 +124,8 @@ def held_out_ids(tokenizer: Tokenizer, recipe: Recipe = Recipe()) -> np.ndarray:
 SPECULATIVE_TARGET = Recipe(n_layer=6, n_embd=128, lr=1e-3)
 SPECULATIVE_DRAFT = Recipe(n_layer=1, n_embd=32)
 
-def _tuned():
+
+def _tuned_models():
     from posttrainllm import tuned  # built on this module, so imported when first needed
 
     return tuned
@@ -136,9 +137,9 @@ NOTEBOOK_MODELS: dict[str, Callable[[], object]] = {
     "base": lambda: base_model(),
     "speculative target (6 blocks, width 128)": lambda: base_model(SPECULATIVE_TARGET),
     "speculative draft (1 block, width 32)": lambda: base_model(SPECULATIVE_DRAFT),
-    **{f"SFT, {f'LoRA r={r}' if r else 'all weights'}": (lambda r=r: _tuned().sft_model(rank=r))
+    **{f"SFT, {f'LoRA r={r}' if r else 'all weights'}": (lambda r=r: _tuned_models().sft_model(rank=r))
        for r in (None, 1, 2, 4, 8)},
-    **{f"DPO, NLL weight {w:g}": (lambda w=w: _tuned().dpo_model(nll_weight=w)) for w in (0.0, 1.0)},
+    **{f"DPO, NLL weight {w:g}": (lambda w=w: _tuned_models().dpo_model(nll_weight=w)) for w in (0.0, 1.0)},
 }
 
 

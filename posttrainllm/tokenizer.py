@@ -432,6 +432,7 @@ class Tokenizer:
     def from_tiktoken(cls, encoding) -> Tokenizer:
         """The same encoding as a ``tiktoken.Encoding`` (e.g. ``tiktoken.get_encoding("cl100k_base")``,
         or one built offline from :func:`posttrainllm.bpe_ranks.read_ranks`): identical ids."""
+        # tiktoken exposes the ranks, pattern and specials it was built from only as these attributes
         return cls.from_ranks(
             encoding._mergeable_ranks, encoding._pat_str, encoding._special_tokens, encoding.n_vocab
         )

@@ -108,6 +108,7 @@ function bar(fraction) {
   return el("div", {class: "ptl-bar", style: `width:${Math.max(1, 100 * fraction)}px;height:10px;background:#4a7ab5`});
 }
 
+// Each race adds its measurements to run.results as they come, so a Stop keeps what was measured.
 async function matmulRace(rt, gpu, files, variants, list, output, status, run) {
   const results = run.results;
   const {t, add} = table(["n", "kernel", "GFLOP/s", "check", "max error", ""]);
@@ -143,7 +144,6 @@ async function matmulRace(rt, gpu, files, variants, list, output, status, run) {
   status.textContent = `Done. At n = ${largest} the fastest kernel here is "${top.kernel}", ${top.gflops.toFixed(1)} ` +
     `GFLOP/s, ${(top.gflops / naive.gflops).toFixed(1)}x the naive kernel (${top.method}). ` +
     (timed.every((r) => r.ok) ? "Every result matched the CPU." : "Some results did NOT match the CPU.");
-  return results;
 }
 
 async function attentionRace(rt, gpu, files, variants, list, output, status, run) {
@@ -176,7 +176,6 @@ async function attentionRace(rt, gpu, files, variants, list, output, status, run
     `the naive kernel ${at("naive").toFixed(2)} ms: FlashAttention-2 is ` +
     (ratio >= 1 ? `${ratio.toFixed(1)}x faster` : `${(1 / ratio).toFixed(1)}x slower`) + " here. " +
     (results.every((r) => r.ok) ? "Every result matched the CPU." : "Some results did NOT match the CPU.");
-  return results;
 }
 
 // Time against context length, one line per kernel, log-log, as inline SVG.
