@@ -47,17 +47,23 @@ class SparseAutoencoder(nn.Module):
         return self.decode(f), f
 
 
+def sae_loss(sae: SparseAutoencoder, x: torch.Tensor, l1: float) -> torch.Tensor:
+    """The objective: squared reconstruction error per token plus ``l1`` times each active
+    feature's size weighted by its decoder column's norm, both averaged over the batch."""
+    x_hat, f = sae(x)
+    return (x - x_hat).pow(2).sum(-1).mean() + l1 * (f * sae.W_dec.norm(dim=0)).sum(-1).mean()
+
+
 def train_sae(sae: SparseAutoencoder, activations: torch.Tensor, steps: int, l1: float, batch_size: int = 1024,
               lr: float = 1e-3, seed: int = 0) -> list[float]:
-    """Minimise ``|x - x_hat|^2 + l1 * sum_i f_i |W_dec[:, i]|`` (the L1 weighted by decoder norms,
-    so shrinking features while growing their decoder columns cannot cheat the penalty)."""
+    """Minimise :func:`sae_loss`, ``|x - x_hat|^2 + l1 * sum_i f_i |W_dec[:, i]|`` (the L1 weighted by
+    decoder norms, so shrinking features while growing their decoder columns cannot cheat the penalty)."""
     optimizer = torch.optim.Adam(sae.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(seed)
     losses = []
     for _ in range(steps):
         x = activations[torch.randint(0, len(activations), (batch_size,), generator=generator)]
-        x_hat, f = sae(x)
-        loss = (x - x_hat).pow(2).sum(-1).mean() + l1 * (f * sae.W_dec.norm(dim=0)).sum(-1).mean()
+        loss = sae_loss(sae, x, l1)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -101,6 +101,18 @@ def speculative_generate(target: GPT, draft: GPT, prompt: list[int], max_new: in
     return stats
 
 
+def accepts(p: np.ndarray, q: np.ndarray, token: int, u: float) -> bool:
+    """Keep a draft token with probability ``min(1, p[token] / q[token])``, given ``u ~ U[0, 1)``."""
+    return u < min(1.0, p[token] / q[token])
+
+
+def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Where a rejected token's replacement is drawn from: ``max(0, p - q)``, renormalised. With
+    the acceptance rule it makes the output distributed exactly as ``p``."""
+    leftover = np.maximum(p - q, 0)
+    return leftover / leftover.sum()
+
+
 def _judge(verify: torch.Tensor, proposed: list[int], q: list, temperature: float, rng) -> list[int]:
     """The tokens a round keeps: the accepted prefix of ``proposed``, then one more — the
     resampled replacement at the first rejection, or the bonus token if none was rejected."""
@@ -112,9 +124,8 @@ def _judge(verify: torch.Tensor, proposed: list[int], q: list, temperature: floa
                 return kept + [best]
         else:
             p = _probs(verify[i], temperature)
-            if rng.random() >= min(1.0, p[token] / q[i][token]):
-                residual = np.maximum(p - q[i], 0)
-                return kept + [int(rng.choice(len(p), p=residual / residual.sum()))]
+            if not accepts(p, q[i], token, rng.random()):
+                return kept + [int(rng.choice(len(p), p=residual(p, q[i])))]
         kept.append(token)
     last = verify[len(proposed)]
     bonus = int(last.argmax()) if temperature == 0 else int(rng.choice(len(last), p=_probs(last, temperature)))

@@ -3,6 +3,7 @@
 - ``book/study-queue``: each topic gets its status (filled / TBD), and the page opens with a
   summary table, all read from the same file by ``posttrainllm.tools.study``;
 - ``book/coverage``: the coverage map, from ``posttrainllm.tools.coverage``;
+- ``book/mastery``: every mastery gate, where it is run and its kind (``coverage.mastery_table``);
 - ``book/notebook-times``: the notebook time-budget report that ``make test`` wrote (or, in a build
   without tests, the committed one);
 - ``book/benchmarks``: the result tables committed under ``benchmarks/results/``;
@@ -123,6 +124,7 @@ GENERATED = {
     "benchmarks": benchmark_tables,
     "drift": drift_table,
     "coverage-map": lambda: coverage.markdown_table(ROOT),
+    "mastery": lambda: coverage.mastery_table(ROOT),
     "notebook-times": notebook_times_table,
 }
 

@@ -158,3 +158,34 @@ def markdown_table(root: Path | None = None, link_prefix: str = "../") -> str:
     rows.append("")
     rows.append("Tooling that runs the book rather than teaching a concept: " + ", ".join(tooling) + ".")
     return "\n".join(rows) + "\n"
+
+
+def gate_map(root: Path | None = None) -> dict[str, list[Section]]:
+    """``{"check_fit_line": [Section, …], …}``: where the notebooks call each mastery gate."""
+    from posttrainllm.tools import mastery
+
+    root = book_root(root)
+    found: dict[str, list[Section]] = {}
+    for nb in teaching_pages(root):
+        for title, anchor, code in _cells_by_section(nb):
+            for gate in re.findall(r"\bmastery\.(check_\w+)\(", code):
+                section = Section(nb.relative_to(root).as_posix(), title, anchor)
+                if section not in found.setdefault(gate, []):
+                    found[gate].append(section)
+    return {gate: found.get(gate, []) for gate in [*mastery.GATES, *sorted(set(found) - set(mastery.GATES))]}
+
+
+def mastery_table(root: Path | None = None, link_prefix: str = "../") -> str:
+    """Every gate of :data:`posttrainllm.tools.mastery.GATES` with its kind, task and the notebook
+    section that runs it, as a MyST table (links relative to a page one folder below the root)."""
+    from posttrainllm.tools import mastery
+
+    rows = ["| Module | Gate | Kind | Task | Where |", "| ---: | --- | --- | --- | --- |"]
+    for gate, sections in gate_map(root).items():
+        module, kind = mastery.GATES[gate]
+        where = ", ".join(f"[{s.title}]({link_prefix}{s.notebook}{'#' + s.anchor if s.anchor else ''})"
+                          for s in sections)
+        task = mastery.describe(gate).replace("|", "\\|")
+        rows.append(f"| {module} | `{gate}` | {kind} | {task} | {where or '**not run by any notebook**'} |")
+    counts = [sum(m == module for m, _ in mastery.GATES.values()) for module in range(1, 11)]
+    return "\n".join(rows) + f"\n\n{len(mastery.GATES)} gates; per module: {', '.join(map(str, counts))}.\n"

@@ -8,6 +8,7 @@ It never raises: the result prints as a report and is truthy only when every cas
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -597,3 +598,415 @@ def check_gpt_forward(gpt_forward: Callable) -> GateResult:
         return (model, idx.clone()), reference
 
     return _model_gate("gpt_forward", 31, gpt_forward, case)
+
+
+# --- the spine: the training step, encode, the FA2 tile, loss scaling, DPO, the SAE step and
+# the speculative verify, each checked against the package's own code; a slip that matches one
+# of a gate's wrong variants is named.
+
+
+def _named_slip(got, variants: dict[str, object], same: Callable[[object, object], bool]) -> str:
+    """`` -- hint`` for the first wrong variant ``got`` matches, else ``""``."""
+    hint = next((h for h, alt in variants.items() if same(got, alt)), None)
+    return f" -- {hint}" if hint else ""
+
+
+def _mlp_trajectory(step: Callable, seed: int, batches, lr: float):
+    """Losses and final weights after ``step(model, X, y, lr)`` on each batch of a fresh MLP."""
+    from posttrainllm import nn
+
+    model = nn.MLP([2, 4, 2], activation="tanh", seed=seed)
+    losses = [float(step(model, X, y, lr)) for X, y in batches]
+    return losses, np.array([p.data for p in model.parameters()])
+
+
+def _reference_train_step(model, X, y, lr: float, sign: float = 1.0, zero: bool = True) -> float:
+    """One full-batch gradient step on the mean cross-entropy (``sign``/``zero`` make the slips)."""
+    from posttrainllm import nn
+    from posttrainllm.autograd import Value
+
+    losses = [nn.cross_entropy(model([float(v) for v in x]), int(t)) for x, t in zip(X, y, strict=True)]
+    loss = sum(losses, Value(0.0)) * (1 / len(losses))
+    if zero:
+        model.zero_grad()
+    loss.backward()
+    for p in model.parameters():
+        p.data -= sign * lr * p.grad
+    return loss.data
+
+
+def check_train_step(train_step: Callable) -> GateResult:
+    """Gate for module 4: ``train_step(model, X, y, lr) -> loss``, one gradient-descent step of an
+    ``nn.MLP`` on the mean cross-entropy of the batch; returns the loss before the step.
+
+    Three steps are taken from the same initialisation as the reference, so gradients left from
+    the previous step (a missing ``zero_grad``) show from the second step on."""
+    result = GateResult("train_step")
+    rng = np.random.default_rng(4)
+    variants = {
+        "the weights moved uphill: subtract lr * grad": lambda m, X, y, lr: _reference_train_step(m, X, y, lr, -1.0),
+        "gradients pile up across steps: zero them before backward()": lambda m, X, y, lr: _reference_train_step(
+            m, X, y, lr, zero=False),
+    }
+    for label, n, seed, lr in [("8 points, lr 0.5", 8, 0, 0.5), ("3 points, lr 0.1", 3, 1, 0.1),
+                               ("one point, lr 1.0", 1, 2, 1.0)]:
+        result.cases += 1
+        batches = [(rng.standard_normal((n, 2)), rng.integers(0, 2, n)) for _ in range(3)]
+        want = _mlp_trajectory(_reference_train_step, seed, batches, lr)
+        got, err = _call(_mlp_trajectory, train_step, seed, batches, lr)
+        if err:
+            result.failures.append(f"{label}: {err}")
+            continue
+        if not np.isclose(got[0][0], want[0][0], atol=1e-10):
+            hint = " -- average the loss over the batch" if np.isclose(got[0][0], want[0][0] * n) else ""
+            result.failures.append(f"{label}: first loss {got[0][0]:.6f}, expected {want[0][0]:.6f} "
+                                   f"(the mean cross-entropy before the step){hint}")
+        elif not np.allclose(got[1], want[1], atol=1e-10):
+            slips = {h: _mlp_trajectory(v, seed, batches, lr)[1] for h, v in variants.items()}
+            hint = _named_slip(got[1], slips, lambda a, b: np.allclose(a, b, atol=1e-10))
+            if not hint and np.allclose(got[1], _mlp_trajectory(lambda *a: 0.0, seed, batches, lr)[1]):
+                hint = " -- the weights never changed: update p.data after backward()"
+            result.failures.append(f"{label}: after 3 steps the weights are off by "
+                                   f"{np.abs(got[1] - want[1]).max():.3g}{hint}")
+        elif not np.allclose(got[0], want[0], atol=1e-10):
+            result.failures.append(f"{label}: losses {_fmt(got[0])}, expected {_fmt(want[0])}: return the loss "
+                                   "computed before the update")
+    return result
+
+
+def check_encode(encode_chunk: Callable) -> GateResult:
+    """Gate for module 6: ``encode_chunk(ids, merges) -> ids``, BPE encoding of one pre-token's
+    bytes. ``merges`` maps a pair to its new id, in the order training learned them: the pair
+    learned earliest (lowest id) is merged first, wherever it sits, until no pair is a merge.
+    Reference: the package's ``Tokenizer`` on the same merges."""
+    from posttrainllm.tokenizer import Tokenizer, merge_pair
+
+    trained = Tokenizer.train("the theme of the thesis: then there, these three thinkers. " * 4, 280)
+    hand = [(98, 99), (97, 98), (97, 256)]  # "bc", then "ab", then "a" + "bc"
+    doubling = [(97, 97), (256, 256)]
+    cases = [("merges learned in the reverse of reading order: 'abc'", hand, "abc"),
+             ("a merge of merges: 'aaaa' becomes one token", doubling, "aaaa"),
+             ("an odd run: 'aaaaa'", doubling, "aaaaa"),
+             ("no merge applies", hand, "xyz"),
+             ("one byte", hand, "a"),
+             ("merges trained on text, the word ' thesis'", trained.merges, " thesis"),
+             ("merges trained on text, the word ' thinkers'", trained.merges, " thinkers")]
+    result = GateResult("encode_chunk")
+    for label, merges, text in cases:
+        result.cases += 1
+        ranks = {tuple(p): 256 + i for i, p in enumerate(merges)}
+        want = Tokenizer(list(merges)).encode_ordinary(text)
+        got, err = _call(encode_chunk, list(text.encode()), dict(ranks))
+        if err:
+            result.failures.append(f"{label}: {err}")
+        elif list(got or []) != want:
+            scan = list(text.encode())  # the slip: merge whatever pair comes first in the text
+            for _ in range(len(scan)):
+                first = next((pair for pair in zip(scan, scan[1:]) if pair in ranks), None)  # noqa: B905
+                scan = merge_pair(scan, first, ranks[first]) if first else scan
+            once = list(text.encode())
+            best = min(zip(once, once[1:]), key=lambda p: ranks.get(p, 1 << 30), default=None)  # noqa: B905
+            once = merge_pair(once, best, ranks[best]) if best in ranks else once
+            hint = _named_slip(list(got or []), {
+                "merge the pair learned earliest (lowest id) first, wherever it is, not the leftmost": scan,
+                "keep merging until no adjacent pair is in merges": once}, lambda a, b: a == b)
+            result.failures.append(f"{label}: expected {want}, got {got}{hint}")
+    return result
+
+
+def _flash_loop(tile_update: Callable, q, k, v, causal: bool, block: int) -> np.ndarray:
+    """FlashAttention-2's forward for one head, with ``tile_update`` folding in each key block."""
+    from posttrainllm.attention import causal_mask
+
+    n, d = q.shape
+    scores = (q / np.sqrt(d)) @ k.T
+    if causal:
+        scores = np.where(causal_mask(n), scores, -np.inf)
+    out = np.empty_like(v)
+    for r in range(0, n, block):
+        rows = slice(r, r + block)
+        peak, total, acc = np.full(len(q[rows]), -np.inf), np.zeros(len(q[rows])), np.zeros((len(q[rows]), d))
+        for c in range(0, n, block):
+            if causal and c > rows.stop - 1:
+                break
+            peak, total, acc = (np.asarray(a, dtype=float)
+                                for a in tile_update(peak, total, acc, scores[rows, c:c + block], v[c:c + block]))
+        with np.errstate(divide="ignore", invalid="ignore"):  # a wrong update's nan is reported, not warned
+            out[rows] = acc / total[:, None]
+    return out
+
+
+def _tile_slip(rescale_total: bool, rescale_acc: bool) -> Callable:
+    def update(peak, total, acc, s, v):
+        new = np.maximum(peak, s.max(axis=1))
+        p, fix = np.exp(s - new[:, None]), np.exp(peak - new)
+        return new, total * (fix if rescale_total else 1) + p.sum(1), acc * (fix[:, None] if rescale_acc else 1) + p @ v
+
+    return update
+
+
+def check_flash_tile(tile_update: Callable) -> GateResult:
+    """Gate for module 7: ``tile_update(peak, total, acc, s, v) -> (peak, total, acc)``, the inner
+    step of FlashAttention-2's forward. ``s`` is one tile of scaled (and causally masked) scores,
+    ``v`` the tile's values; ``peak``, ``total`` and ``acc`` are each query row's running max,
+    running sum of exponentials and unnormalised output. Folded over the key blocks, ``acc / total``
+    must equal softmax attention (:func:`posttrainllm.attention.attention`)."""
+    from posttrainllm.attention import attention
+
+    result = GateResult("flash_tile")
+    rng = np.random.default_rng(17)
+    slips = {"rescale acc by exp(old peak - new peak) too, not only the running sum": _tile_slip(True, False),
+             "rescale the running sum by exp(old peak - new peak) when the peak grows": _tile_slip(False, True)}
+    for label, n, d, block, causal, size in [("6 queries, blocks of 2", 6, 4, 2, False, 1.0),
+                                             ("causal, 7 queries, blocks of 3 (a partial block)", 7, 4, 3, True, 1.0),
+                                             ("scores near 1000 (exp would overflow)", 5, 2, 2, False, 30.0),
+                                             ("one block holds everything", 4, 3, 8, True, 1.0)]:
+        result.cases += 1
+        q, k, v = (rng.standard_normal((n, d)) * size for _ in range(3))
+        want = attention(q, k, v, causal=causal)
+        got, err = _call(_flash_loop, tile_update, q, k, v, causal, block)
+        if err:
+            result.failures.append(f"{label}: {err}")
+        elif not np.allclose(got, want, atol=1e-9):
+            hint = _named_slip(got, {h: _flash_loop(s, q, k, v, causal, block) for h, s in slips.items()},
+                               lambda a, b: np.allclose(a, b, atol=1e-9))
+            error = f"off by {np.abs(got - want).max():.3g}"
+            if not np.isfinite(got).all():
+                error, hint = "holds inf or nan", " -- subtract the running peak before exp()"
+            result.failures.append(f"{label}: the output {error}{hint}")
+    return result
+
+
+def check_loss_scaling(scaler_step: Callable) -> GateResult:
+    """Gate for module 8: ``scaler_step(grads, scale, good_steps, growth_interval) ->
+    (grads or None, scale, good_steps)``, dynamic loss scaling for one step. ``grads`` were
+    computed from the loss times ``scale``: divide them back; if any is inf or nan, return None
+    (skip the step), halve the scale and restart the count; after ``growth_interval`` good steps
+    in a row, double the scale. Followed step by step against the package's ``LossScaler``."""
+    torch = _torch()
+    from posttrainllm.mixed_precision import LossScaler
+
+    result = GateResult("scaler_step")
+    rng = np.random.default_rng(88)
+    runs = [("six good steps, growth every 3", 3, []), ("an overflow at step 3", 3, [(2, np.inf)]),
+            ("a nan at step 2, then an inf at step 5", 2, [(1, np.nan), (4, -np.inf)]),
+            ("overflow on the first step", 4, [(0, np.inf)])]
+    for label, interval, bad in runs:
+        result.cases += 1
+        reference, scale, good = LossScaler(scale=1024.0, growth_interval=interval), 1024.0, 0
+        for step in range(6):
+            grads = [rng.standard_normal(3) * 1024.0, rng.standard_normal((2, 2)) * 1024.0]
+            for at, value in bad:
+                if at == step:
+                    grads[1][0, 1] = value
+            tensors = [torch.tensor(g) for g in grads]
+            found_inf = reference.unscale_(tensors)
+            reference.update(found_inf)
+            out, err = _call(scaler_step, [g.copy() for g in grads], scale, good, interval)
+            where = f"{label}, step {step + 1}"
+            if err or not (isinstance(out, tuple) and len(out) == 3):
+                result.failures.append(f"{where}: {err or f'expected (grads or None, scale, good_steps), got {out!r}'}")
+                break
+            got_grads, scale, good = out
+            if found_inf and got_grads is not None:
+                result.failures.append(f"{where}: a gradient is not finite, so the step must be skipped (return None)")
+                break
+            if not found_inf and (got_grads is None or not all(
+                    np.allclose(np.asarray(g), t.numpy()) for g, t in zip(got_grads, tensors, strict=True))):
+                result.failures.append(f"{where}: the gradients are finite, so they come back divided by the scale")
+                break
+            if (scale, good) != (reference.scale, reference.good_steps):
+                result.failures.append(f"{where}: scale {scale:g} after {good} good steps, expected scale "
+                                       f"{reference.scale:g} after {reference.good_steps}")
+                break
+    return result
+
+
+def check_dpo_loss(dpo_loss: Callable) -> GateResult:
+    """Gate for module 9: ``dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
+    beta) -> loss``, the mean DPO loss of Rafailov et al. (2023) over a batch of pairs, from
+    summed sequence log-probabilities. Reference: :func:`posttrainllm.preference.dpo_loss`."""
+    from posttrainllm.preference import dpo_loss as reference
+
+    def cases():
+        torch, F = _torch(), _torch().nn.functional
+        generator = torch.Generator().manual_seed(9)
+        for label, n, beta, spread in [("four pairs, beta 0.1", 4, 0.1, 5.0), ("one pair, beta 0.5", 1, 0.5, 2.0),
+                                       ("large margins, beta 2", 6, 2.0, 40.0)]:
+            pc, pr, rc, rr = (-torch.rand(n, generator=generator) * spread - 1 for _ in range(4))
+
+            def want(pc=pc, pr=pr, rc=rc, rr=rr, beta=beta):
+                margin = beta * ((pc - rc) - (pr - rr))
+                hints = {"the loss is -log sigmoid(margin); a minus sign is lost": F.logsigmoid(margin).mean(),
+                         "measure each log-probability against the reference model's": -F.logsigmoid(
+                             beta * (pc - pr)).mean(),
+                         "the margin is the chosen log-ratio minus the rejected one": -F.logsigmoid(-margin).mean(),
+                         "average the loss over the pairs": -F.logsigmoid(margin).sum(),
+                         "multiply the margin by beta": -F.logsigmoid(margin / beta).mean()}
+                return reference(pc, pr, rc, rr, beta)[0], hints
+
+            yield label, (pc.clone(), pr.clone(), rc.clone(), rr.clone(), beta), want
+
+    return _tensor_gate("dpo_loss", dpo_loss, cases)
+
+
+def check_lora_merge(merge: Callable) -> GateResult:
+    """Gate for module 9: ``merge(W, A, B, alpha, r) -> W_merged``, folding a LoRA adapter into its
+    frozen weight so that ``x W_merged^T + b`` gives exactly the LoRA layer's output
+    (``x W^T + b + (alpha / r) x A^T B^T``) with no extra cost at inference."""
+    result = GateResult("lora_merge")
+    rng = np.random.default_rng(19)
+    for label, d_in, d_out, r, alpha in [("square layer, rank 2, alpha 4", 5, 5, 2, 4.0),
+                                         ("3 inputs -> 7 outputs, rank 1, alpha 16", 3, 7, 1, 16.0),
+                                         ("rank 4 with alpha = r", 6, 4, 4, 4.0)]:
+        result.cases += 1
+        x, w, b = rng.standard_normal((3, d_in)), rng.standard_normal((d_out, d_in)), rng.standard_normal(d_out)
+        a, bb = rng.standard_normal((r, d_in)), rng.standard_normal((d_out, r))
+        want = x @ w.T + b + (alpha / r) * (x @ a.T) @ bb.T
+        got, err = _call(merge, w.copy(), a.copy(), bb.copy(), alpha, r)
+        if err:
+            result.failures.append(f"{label}: {err}")
+        elif np.shape(got) != w.shape:
+            result.failures.append(f"{label}: the merged weight has shape {np.shape(got)}, expected W's {w.shape}")
+        elif not np.allclose(x @ np.asarray(got).T + b, want, atol=1e-9):
+            hint = _named_slip(np.asarray(got), {"scale the update B @ A by alpha / r": w + bb @ a,
+                                                 "the merged weight keeps W and adds the update": (alpha / r) * bb @ a},
+                               lambda g, alt: np.allclose(g, alt, atol=1e-9))
+            result.failures.append(f"{label}: the merged layer's outputs differ from the adapter's "
+                                   f"by {np.abs(x @ np.asarray(got).T + b - want).max():.3g}{hint}")
+    return result
+
+
+def check_sae_step(sae_step: Callable) -> GateResult:
+    """Gate for module 10: ``sae_step(sae, x, l1, optimizer) -> loss``, one training step of the
+    package's ``SparseAutoencoder`` on the batch ``x``: the objective of
+    :func:`posttrainllm.sae.sae_loss` (reconstruction plus an L1 weighted by decoder norms),
+    backward, one optimizer step; returns the loss before the step."""
+    from posttrainllm.sae import SparseAutoencoder, sae_loss
+
+    def reference_step(sae, x, l1, optimizer, loss_fn=sae_loss, zero=True):
+        loss = loss_fn(sae, x, l1)
+        if zero:
+            optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    def plain_l1(sae, x, l1):
+        x_hat, f = sae(x)
+        return (x - x_hat).pow(2).sum(-1).mean() + l1 * f.sum(-1).mean()
+
+    def run(step, seed: int, l1: float):
+        torch = _torch()
+        sae = SparseAutoencoder(6, 12, seed=seed)
+        optimizer = torch.optim.Adam(sae.parameters(), lr=1e-2)
+        generator = torch.Generator().manual_seed(seed)
+        losses = [float(step(sae, torch.randn(16, 6, generator=generator), l1, optimizer)) for _ in range(3)]
+        return losses, torch.cat([p.detach().flatten() for p in sae.parameters()]).numpy()
+
+    def gate() -> GateResult:
+        result = GateResult("sae_step")
+        slips = {"weight each feature's L1 by its decoder column's norm": lambda *a: reference_step(
+                     *a, loss_fn=plain_l1),
+                 "zero the gradients before backward()": lambda *a: reference_step(*a, zero=False)}
+        for label, seed, l1 in [("l1 = 0.1", 0, 0.1), ("l1 = 1.0", 1, 1.0), ("no penalty (l1 = 0)", 2, 0.0)]:
+            result.cases += 1
+            want = run(reference_step, seed, l1)
+            got, err = _call(run, sae_step, seed, l1)
+            if err:
+                result.failures.append(f"{label}: {err}")
+            elif not (np.allclose(got[0], want[0], atol=1e-9) and np.allclose(got[1], want[1], atol=1e-9)):
+                hint = _named_slip(got, {h: run(s, seed, l1) for h, s in slips.items()},
+                                   lambda a, b: np.allclose(a[1], b[1], atol=1e-9))
+                result.failures.append(f"{label}: losses {_fmt(got[0])}, expected {_fmt(want[0])}; "
+                                       f"weights off by {np.abs(got[1] - want[1]).max():.3g} after 3 steps{hint}")
+        return result
+
+    return _float64(gate)
+
+
+def check_verify(verify: Callable) -> GateResult:
+    """Gate for module 10: ``verify(p, q, token, u) -> (accepted, replacement)``, speculative
+    decoding's rule for one draft ``token``: ``p`` and ``q`` are the target's and the draft's
+    distributions, ``u`` a uniform draw. Accept when ``u < min(1, p[token] / q[token])``;
+    otherwise ``replacement`` is the distribution to resample from, ``max(0, p - q)``
+    renormalised (None when accepted). The last case checks the point of it all: over ``token ~ q``
+    and ``u``, the output is distributed exactly as ``p`` (Leviathan et al., 2023)."""
+    from posttrainllm.speculative import accepts, residual
+
+    result = GateResult("verify")
+    rng = np.random.default_rng(10)
+    p, q = rng.dirichlet(np.ones(5)), rng.dirichlet(np.ones(5))
+    up, down = int(np.argmax(p / q)), int(np.argmin(p / q))
+    cases = [(f"the target likes token {up} more than the draft: always kept", up, 0.999),
+             (f"token {down}, u below p/q: kept", down, 0.5 * p[down] / q[down]),
+             (f"token {down}, u above p/q: rejected", down, 0.5 + 0.5 * p[down] / q[down])]
+    for label, token, u in cases:
+        result.cases += 1
+        out, err = _call(verify, p.copy(), q.copy(), token, float(u))
+        kept = accepts(p, q, token, u)
+        if err or not (isinstance(out, tuple) and len(out) == 2):
+            result.failures.append(f"{label}: {err or f'expected (accepted, replacement), got {out!r}'}")
+        elif bool(out[0]) != kept:
+            hint = " -- keep with probability min(1, p[token] / q[token])"
+            result.failures.append(f"{label}: accepted={bool(out[0])}, expected {kept}{hint}")
+        elif not kept and (out[1] is None or np.shape(out[1]) != p.shape):
+            result.failures.append(f"{label}: a rejection returns the distribution to resample from, got {out[1]!r}")
+        elif not kept and not np.allclose(out[1], residual(p, q)):
+            hint = "" if np.isclose(np.sum(out[1]), 1) else " -- renormalise max(0, p - q) to sum to 1"
+            result.failures.append(f"{label}: resample from {_fmt(residual(p, q))}, got {_fmt(out[1])}{hint}")
+    result.cases += 1
+    grid = (np.arange(400) + 0.5) / 400  # u at evenly spaced points: the integral over u, exactly enough
+    try:
+        output = np.zeros_like(p)
+        for token in range(len(p)):
+            for u in grid:
+                kept, replacement = verify(p.copy(), q.copy(), token, float(u))
+                output += q[token] / len(grid) * (np.eye(len(p))[token] if kept else np.asarray(replacement))
+    except Exception as err:  # noqa: BLE001 - reported, not raised
+        result.failures.append(f"the output distribution: raised {type(err).__name__}: {err}")
+        return result
+    if not np.allclose(output, p, atol=5e-3):
+        result.failures.append(f"the output distribution: drafting from q and verifying gives {_fmt(output)}, "
+                               f"the target's p is {_fmt(p)}")
+    return result
+
+
+# --- the register: every gate, the module whose notebook runs it, and its kind ------------
+# "write it": the reader writes a piece the module is about; "find out": the reader measures
+# something and the gate checks the number. The book's Mastery page and book/curriculum.md are
+# read against this table by the tests, so a gate cannot be added, moved or dropped silently.
+
+WRITE, FIND = "write it", "find out"
+GATES: dict[str, tuple[int, str]] = {
+    "check_fit_line": (1, WRITE),
+    "check_numerical_gradient": (2, WRITE),
+    "check_tiled_reads": (3, WRITE),
+    "check_backward_rule": (4, WRITE),
+    "check_train_step": (4, WRITE),
+    "check_top_p": (5, WRITE),
+    "check_merge_step": (6, WRITE),
+    "check_encode": (6, WRITE),
+    "check_attention": (7, WRITE),
+    "check_self_attention": (7, WRITE),
+    "check_block": (7, WRITE),
+    "check_gpt_forward": (7, WRITE),
+    "check_online_softmax_update": (7, WRITE),
+    "check_flash_tile": (7, WRITE),
+    "check_adamw_update": (8, WRITE),
+    "check_loss_scaling": (8, WRITE),
+    "check_lora_forward": (9, WRITE),
+    "check_lora_merge": (9, WRITE),
+    "check_dpo_loss": (9, WRITE),
+    "check_sae_step": (10, WRITE),
+    "check_verify": (10, WRITE),
+    "check_expected_tokens": (10, WRITE),
+}
+
+
+def describe(gate: str) -> str:
+    """A gate's task in Markdown: its docstring's first sentence, after "Gate for module N:"."""
+    doc = " ".join(globals()[gate].__doc__.split())
+    task = doc.split(":", 1)[1].strip() if doc.startswith("Gate for module") else doc
+    task = re.split(r"(?<! al)\. (?=[A-Z`])", task)[0].rstrip(".") + "."
+    return re.sub(r"(?::func:)?``?([^`]+)``?", r"`\1`", task)

@@ -78,3 +78,32 @@ def test_the_clone_is_found_from_any_working_folder(tmp_path, monkeypatch):
     monkeypatch.delenv("POSTTRAINLLM_ROOT", raising=False)
     monkeypatch.chdir(tmp_path)  # an editable install finds its clone from where the package sits
     assert repo_root() == ROOT
+
+
+def test_every_registered_gate_is_run_in_its_own_module_and_every_run_gate_is_registered():
+    from posttrainllm.tools import mastery
+
+    runs = coverage.gate_map(ROOT)
+    assert set(runs) == set(mastery.GATES), f"gates run but not registered: {set(runs) - set(mastery.GATES)}"
+    for gate, (module, kind) in mastery.GATES.items():
+        assert callable(getattr(mastery, gate)) and kind in (mastery.WRITE, mastery.FIND)
+        assert runs[gate], f"{gate} is registered but no notebook runs it"
+        assert all(s.notebook.startswith(f"notebooks/{module:02d}-") for s in runs[gate]), f"{gate} is not module {module}'s"
+
+
+def test_the_mastery_page_lists_every_gate_with_a_link_to_its_section():
+    from posttrainllm.tools import mastery
+
+    table = coverage.mastery_table(ROOT)
+    for gate in mastery.GATES:
+        row = next(line for line in table.splitlines() if f"| `{gate}` |" in line)
+        assert "../notebooks/" in row and "not run by any notebook" not in row, row
+
+
+def test_the_curriculum_names_every_gate():
+    from posttrainllm.tools import mastery
+
+    text = (ROOT / "book" / "curriculum.md").read_text(encoding="utf-8")
+    for gate in mastery.GATES:
+        name = mastery.describe(gate).split("`")[1].split("(")[0]
+        assert f"`{name}" in text, f"book/curriculum.md does not mention {name} ({gate})"

@@ -143,3 +143,169 @@ def test_the_gates_leave_the_default_dtype_as_they_found_it():
     before = torch.get_default_dtype()
     mastery.check_gpt_forward(_gpt)
     assert torch.get_default_dtype() == before
+
+
+# --- the spine's gates: a right answer written here (not the gate's reference) passes, and each
+# slip fails with its hint.
+
+
+def _train_step(model, X, y, lr, sign=1.0, zero=True, mean=True):
+    from posttrainllm import nn
+
+    losses = [nn.cross_entropy(model([float(v) for v in x]), int(t)) for x, t in zip(X, y, strict=True)]
+    loss = losses[0]
+    for extra in losses[1:]:
+        loss = loss + extra
+    loss = loss * (1 / len(losses)) if mean else loss
+    if zero:
+        for p in model.parameters():
+            p.grad = 0.0
+    loss.backward()
+    for p in model.parameters():
+        p.data -= sign * lr * p.grad
+    return loss.data
+
+
+def test_train_step_gate():
+    assert mastery.check_train_step(_train_step)
+    assert _hints(mastery.check_train_step(lambda *a: _train_step(*a, sign=-1.0))) == {
+        "the weights moved uphill: subtract lr * grad"}
+    assert _hints(mastery.check_train_step(lambda *a: _train_step(*a, zero=False))) == {
+        "gradients pile up across steps: zero them before backward()"}
+    assert _hints(mastery.check_train_step(lambda *a: _train_step(*a, mean=False))) == {
+        "average the loss over the batch"}
+    assert "the weights never changed" in str(mastery.check_train_step(lambda m, X, y, lr: _train_step(m, X, y, 0.0)))
+
+
+def _encode(ids, merges):
+    from posttrainllm.tokenizer import merge_pair
+
+    while True:
+        known = [p for p in zip(ids, ids[1:]) if p in merges]  # noqa: B905
+        if not known:
+            return ids
+        pair = min(known, key=merges.get)
+        ids = merge_pair(ids, pair, merges[pair])
+
+
+def test_encode_gate():
+    from posttrainllm.tokenizer import merge_pair
+
+    assert mastery.check_encode(_encode)
+
+    def leftmost(ids, merges):
+        while any(p in merges for p in zip(ids, ids[1:])):  # noqa: B905
+            pair = next(p for p in zip(ids, ids[1:]) if p in merges)  # noqa: B905
+            ids = merge_pair(ids, pair, merges[pair])
+        return ids
+
+    def once(ids, merges):
+        known = [p for p in zip(ids, ids[1:]) if p in merges]  # noqa: B905
+        return merge_pair(ids, min(known, key=merges.get), merges[min(known, key=merges.get)]) if known else ids
+
+    assert _hints(mastery.check_encode(leftmost)) == {
+        "merge the pair learned earliest (lowest id) first, wherever it is, not the leftmost"}
+    assert "keep merging until no adjacent pair is in merges" in _hints(mastery.check_encode(once))
+    assert not mastery.check_encode(lambda ids, merges: ids)
+
+
+def _tile(peak, total, acc, s, v, fix_total=True, fix_acc=True, shift=True):
+    new = np.maximum(peak, s.max(axis=1)) if shift else np.zeros_like(peak)
+    p, fix = np.exp(s - new[:, None]), np.exp(peak - new) if shift else np.ones_like(peak)
+    return new, total * (fix if fix_total else 1) + p.sum(1), acc * (fix[:, None] if fix_acc else 1) + p @ v
+
+
+def test_flash_tile_gate():
+    assert mastery.check_flash_tile(_tile)
+    assert _hints(mastery.check_flash_tile(lambda *a: _tile(*a, fix_acc=False))) == {
+        "rescale acc by exp(old peak - new peak) too, not only the running sum"}
+    assert _hints(mastery.check_flash_tile(lambda *a: _tile(*a, fix_total=False))) == {
+        "rescale the running sum by exp(old peak - new peak) when the peak grows"}
+    with np.errstate(all="ignore"):
+        unshifted = mastery.check_flash_tile(lambda *a: _tile(*a, shift=False))
+    assert _hints(unshifted) == {"subtract the running peak before exp()"}
+
+
+def _scaler(grads, scale, good, interval, skip=True, grow=True):
+    grads = [np.asarray(g) / scale for g in grads]
+    if not all(np.isfinite(g).all() for g in grads):
+        return (None if skip else grads), scale / 2, 0
+    good += 1
+    if grow and good == interval:
+        return grads, scale * 2, 0
+    return grads, scale, good
+
+
+def test_loss_scaling_gate():
+    assert mastery.check_loss_scaling(_scaler)
+    unskipped = mastery.check_loss_scaling(lambda *a: _scaler(*a, skip=False))
+    assert len(unskipped.failures) == 3 and "must be skipped" in unskipped.failures[0]
+    never_grows = mastery.check_loss_scaling(lambda *a: _scaler(*a, grow=False))
+    assert "six good steps, growth every 3, step 3: scale 1024 after 3 good steps, expected scale 2048 after 0" in (
+        never_grows.failures)
+    assert "divided by the scale" in mastery.check_loss_scaling(lambda g, s, n, i: (g, s, n)).failures[0]
+
+
+def test_dpo_loss_gate():
+    import torch.nn.functional as F
+
+    def dpo(pc, pr, rc, rr, beta):
+        return F.softplus(-beta * ((pc - rc) - (pr - rr))).mean()
+
+    assert mastery.check_dpo_loss(dpo)
+    slips = {
+        "measure each log-probability against the reference model's": lambda pc, pr, rc, rr, b: dpo(
+            pc, pr, 0 * rc, 0 * rr, b),
+        "the margin is the chosen log-ratio minus the rejected one": lambda pc, pr, rc, rr, b: dpo(pr, pc, rr, rc, b),
+        "multiply the margin by beta": lambda pc, pr, rc, rr, b: dpo(pc, pr, rc, rr, 1.0),
+        "average the loss over the pairs": lambda *a: dpo(*a) * len(a[0]),
+    }
+    for hint, slip in slips.items():
+        assert hint in _hints(mastery.check_dpo_loss(slip)), hint
+
+
+def test_lora_merge_gate():
+    assert mastery.check_lora_merge(lambda W, A, B, alpha, r: W + (alpha / r) * B @ A)
+    assert _hints(mastery.check_lora_merge(lambda W, A, B, alpha, r: W + B @ A)) == {
+        "scale the update B @ A by alpha / r"}
+    assert _hints(mastery.check_lora_merge(lambda W, A, B, alpha, r: (alpha / r) * B @ A)) == {
+        "the merged weight keeps W and adds the update"}
+    assert "expected W's (7, 3)" in mastery.check_lora_merge(lambda W, A, B, alpha, r: A.T @ B.T).failures[1]
+
+
+def _sae_step(sae, x, l1, optimizer, weighted=True, zero=True):
+    x_hat, f = sae(x)
+    penalty = f * sae.W_dec.norm(dim=0) if weighted else f
+    loss = ((x - x_hat) ** 2).sum(-1).mean() + l1 * penalty.sum(-1).mean()
+    if zero:
+        optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def test_sae_step_gate():
+    assert mastery.check_sae_step(_sae_step)
+    plain = mastery.check_sae_step(lambda *a: _sae_step(*a, weighted=False))
+    assert len(plain.failures) == 2  # with l1 = 0 the weighting makes no difference
+    assert _hints(plain) == {"weight each feature's L1 by its decoder column's norm"}
+    assert _hints(mastery.check_sae_step(lambda *a: _sae_step(*a, zero=False))) == {
+        "zero the gradients before backward()"}
+
+
+def _verify(p, q, token, u):
+    if u * q[token] < p[token]:
+        return True, None
+    leftover = np.clip(p - q, 0, None)
+    return False, leftover / leftover.sum()
+
+
+def test_verify_gate():
+    assert mastery.check_verify(_verify)
+    always = mastery.check_verify(lambda p, q, t, u: (True, None))
+    assert any("accepted=True, expected False" in f for f in always.failures)
+    assert any(f.startswith("the output distribution") for f in always.failures)
+    unnormalised = mastery.check_verify(lambda p, q, t, u: (_verify(p, q, t, u)[0], np.clip(p - q, 0, None)))
+    assert _hints(unnormalised) == {"renormalise max(0, p - q) to sum to 1"}
+    resample_p = mastery.check_verify(lambda p, q, t, u: (_verify(p, q, t, u)[0], p))
+    assert any(f.startswith("the output distribution") for f in resample_p.failures)
