@@ -88,7 +88,8 @@ def test_every_registered_gate_is_run_in_its_own_module_and_every_run_gate_is_re
     for gate, (module, kind) in mastery.GATES.items():
         assert callable(getattr(mastery, gate)) and kind in (mastery.WRITE, mastery.FIND)
         assert runs[gate], f"{gate} is registered but no notebook runs it"
-        assert all(s.notebook.startswith(f"notebooks/{module:02d}-") for s in runs[gate]), f"{gate} is not module {module}'s"
+        home = f"notebooks/{module:02d}-"
+        assert all(s.notebook.startswith(home) for s in runs[gate]), f"{gate} runs outside module {module}"
 
 
 def test_the_mastery_page_lists_every_gate_with_a_link_to_its_section():
