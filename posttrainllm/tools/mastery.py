@@ -31,6 +31,9 @@ class GateResult:
         return self.passed
 
     def __repr__(self) -> str:
+        if self.cases == 1:  # a find-out gate: one number
+            return f"PASSED {self.gate}: your answer matches." if self.passed else "\n".join(
+                [f"NOT YET {self.gate}:", *(f"  - {f}" for f in self.failures)])
         if self.passed:
             return f"PASSED {self.gate}: all {self.cases} cases match the reference."
         head = f"NOT YET {self.gate}: {len(self.failures)} of {self.cases} cases fail."
@@ -152,8 +155,8 @@ def softplus_reference(x0: float) -> dict[str, tuple[float, float]]:
 
 
 def check_backward_rule(op: Callable) -> GateResult:
-    """Gate for module 4: ``op(x: Value) -> Value`` computing softplus, ``log(1 + e^x)``, with its
-    own ``_backward``. Checked against :func:`softplus_reference` (which the tests check against
+    """Gate for module 4: ``softplus(x: Value) -> Value``, ``log(1 + e^x)`` as a new operation with
+    its own ``_backward``. Checked against :func:`softplus_reference` (which the tests check against
     PyTorch's float64 autograd), alone and inside an expression that uses ``x`` twice (which
     catches ``x.grad = ...`` where ``+=`` is needed). Pure Python, so it runs in the browser too."""
     from posttrainllm.autograd import Value
@@ -972,6 +975,266 @@ def check_verify(verify: Callable) -> GateResult:
     return result
 
 
+# --- write it: the smaller pieces of modules 1, 3 and 5 -------------------------------------
+
+
+def check_mse_grad(mse_grad: Callable) -> GateResult:
+    """Gate for module 1: ``mse_grad(theta, x, y) -> [dL/dw, dL/db]``, the gradient of the mean
+    squared error of the line ``w x + b`` (``theta = [w, b]``) by the chain rule. Reference:
+    :func:`posttrainllm.linear.mse_grad`."""
+    result = GateResult("mse_grad")
+    x, y = linear.make_line_data(n=20, slope=2.0, intercept=-1.0, seed=21)
+    for label, theta, xs, ys in [("a line below the data", np.array([0.5, 0.3]), x, y),
+                                 ("a line above the data", np.array([3.0, 2.0]), x, y),
+                                 ("the best line (the gradient vanishes)", linear.fit_closed_form(x, y), x, y),
+                                 ("three points", np.array([1.0, -1.0]), np.array([0.0, 1.0, 3.0]),
+                                  np.array([1.0, 2.0, 2.0]))]:
+        result.cases += 1
+        want = linear.mse_grad(theta, xs, ys)
+        got, err = _call(mse_grad, theta.copy(), xs.copy(), ys.copy())
+        if err:
+            result.failures.append(f"{label}: {err}")
+        elif np.shape(got) != (2,):
+            result.failures.append(f"{label}: expected [dL/dw, dL/db], got {got!r}")
+        elif not np.allclose(got, want, atol=1e-9):
+            hint = _named_slip(np.asarray(got, dtype=float), {
+                "the square's derivative brings a factor 2": want / 2,
+                "the residual is prediction minus target (or the sign of the whole gradient is flipped)": -want,
+                "the loss is a mean, so its gradient is divided by n": want * len(xs)},
+                lambda a, b: np.allclose(a, b, atol=1e-9))
+            result.failures.append(f"{label}: expected {_fmt(want)}, got {_fmt(got)}{hint}")
+    return result
+
+
+def check_momentum(descend: Callable) -> GateResult:
+    """Gate for module 2: ``descend(grad, theta0, lr, momentum, steps) -> theta``, gradient descent
+    with heavy-ball momentum: each step ``v = momentum * v + grad(theta)``, then
+    ``theta = theta - lr * v``, from ``v = 0``. Reference:
+    :func:`posttrainllm.gradient_descent.gradient_descent`."""
+    from posttrainllm.gradient_descent import gradient_descent
+
+    result = GateResult("momentum")
+    stretched = np.diag([10.0, 0.5])
+    cases = [("a stretched bowl, momentum 0.9", stretched, np.array([1.0, 1.0]), 0.05, 0.9, 40),
+             ("momentum 0 is plain descent", stretched, np.array([-2.0, 1.0]), 0.05, 0.0, 10),
+             ("a tilted bowl, momentum 0.5", np.array([[3.0, 1.0], [1.0, 2.0]]), np.array([0.5, -1.5]), 0.1, 0.5, 25)]
+    for label, hessian, theta0, lr, momentum, steps in cases:
+        result.cases += 1
+
+        def grad(theta, h=hessian):
+            return h @ theta
+
+        want = gradient_descent(lambda t: 0.0, grad, theta0, lr, steps, momentum=momentum).thetas[-1]
+        got, err = _call(descend, grad, theta0.copy(), lr, momentum, steps)
+        if err:
+            result.failures.append(f"{label}: {err}")
+        elif np.shape(got) != theta0.shape or not np.allclose(got, want, atol=1e-9):
+            plain = gradient_descent(lambda t: 0.0, grad, theta0, lr, steps).thetas[-1]
+            hint = " -- the velocity must carry over from step to step" if (
+                momentum and np.allclose(got, plain, atol=1e-9)) else ""
+            result.failures.append(f"{label}: after {steps} steps theta = {_fmt(got)}, expected {_fmt(want)}{hint}")
+    return result
+
+
+def check_broadcast_shape(broadcast_shape: Callable) -> GateResult:
+    """Gate for module 3: ``broadcast_shape(a, b) -> shape``, the shape NumPy gives ``x + y`` for
+    arrays of shapes ``a`` and ``b``: align the shapes on the right; each pair of sizes must be
+    equal or one of them 1; raise ``ValueError`` when they cannot broadcast."""
+    result = GateResult("broadcast_shape")
+    cases = [((8, 16, 32), (32,)), ((8, 16, 32), (16, 1)), ((5, 1, 4), (3, 1)), ((), (2, 3)),
+             ((1,), (7,)), ((2, 1), (1, 3)), ((8, 16, 32), (16,)), ((3, 4), (2, 3, 4)), ((2, 3), (3, 2))]
+    for a, b in cases:
+        result.cases += 1
+        try:
+            want = np.broadcast_shapes(a, b)
+        except ValueError:
+            want = None
+        got, err = _call(broadcast_shape, a, b)
+        label = f"{a} with {b}"
+        if want is None:
+            if not (err and "ValueError" in err):
+                result.failures.append(f"{label}: these cannot broadcast, so raise ValueError; got "
+                                       f"{err or repr(got)} -- align the shapes from the right")
+        elif err or tuple(got) != want:
+            hint = " -- align the shapes from the right, not the left" if len(a) != len(b) else ""
+            result.failures.append(f"{label}: expected {want}, got {err or tuple(got)}{hint}")
+    return result
+
+
+def check_bigram_probs(bigram_probs: Callable) -> GateResult:
+    """Gate for module 5: ``bigram_probs(ids, vocab_size, alpha) -> P``, the bigram model from
+    counts: ``P[a, b]`` is the probability that ``b`` follows ``a``, from the counts of adjacent
+    pairs plus ``alpha`` for every pair (add-alpha smoothing), each row summing to 1. Reference:
+    :class:`posttrainllm.ngram.BigramLM`."""
+    from posttrainllm.ngram import BigramLM
+
+    result = GateResult("bigram_probs")
+    rng = np.random.default_rng(5)
+    for label, ids, vocab, alpha in [("a short sequence, alpha 1", np.array([0, 1, 1, 2, 0, 1]), 3, 1.0),
+                                     ("no smoothing: unseen pairs get 0", np.array([0, 1, 1, 2, 0, 1, 2]), 3, 0.0),
+                                     ("200 random ids over 6 symbols, alpha 0.5", rng.integers(0, 6, 200), 6, 0.5),
+                                     ("a symbol never followed by another", np.array([0, 0, 1, 3]), 4, 1.0)]:
+        result.cases += 1
+        want = BigramLM(vocab, alpha=alpha).fit(ids).probs
+        got, err = _call(bigram_probs, ids.copy(), vocab, alpha)
+        if err:
+            result.failures.append(f"{label}: {err}")
+        elif np.shape(got) != want.shape:
+            result.failures.append(f"{label}: expected a {want.shape} matrix, got shape {np.shape(got)}")
+        elif not np.allclose(got, want, atol=1e-12):
+            got = np.asarray(got, dtype=float)
+            hint = ""
+            if np.allclose(got.T, want, atol=1e-12):
+                hint = " -- row a is what follows a: P[a, b] counts a then b"
+            elif not np.allclose(got.sum(1), 1):
+                hint = " -- normalise each row to sum to 1"
+            row = int(np.argmax(np.abs(got - want).max(axis=1)))
+            result.failures.append(f"{label}: row {row} is {_fmt(got[row])}, expected {_fmt(want[row])}{hint}")
+    return result
+
+
+# --- find out: the reader measures a number and the gate checks it -----------------------
+# A find-out gate says whether the answer is too high or too low and how to look, never the
+# number itself.
+
+
+def _find_out(name: str, answer, truth: float, rtol: float, what: str, how: str) -> GateResult:
+    """One number against the gate's own measurement ``truth``, within ``rtol`` (0: exactly)."""
+    result = GateResult(name, cases=1)
+    try:
+        value = float(answer)
+    except (TypeError, ValueError):
+        result.failures.append(f"{what}: expected a number, got {answer!r}")
+        return result
+    if not math.isfinite(value) or abs(value - truth) > rtol * abs(truth):
+        side = "not a number" if math.isnan(value) else "too high" if value > truth else "too low"
+        margin = f"within {rtol * 100:g}% passes" if rtol else "it must be exact"
+        result.failures.append(f"{what}: {value:g} is {side} ({margin}) -- {how}")
+    return result
+
+
+def check_lowest_loss(answer: float, x: np.ndarray, y: np.ndarray) -> GateResult:
+    """Gate for module 1 (find out): the lowest mean squared error any line reaches on the points
+    ``x, y``: no choice of ``w`` and ``b`` does better, however long you search."""
+    best = linear.mse(linear.predict(linear.fit_closed_form(x, y), x), y)
+    return _find_out("lowest_loss", answer, best, 0.005, "the lowest loss of a line on these points",
+                     "search w and b, or use the closed form, and print the loss there")
+
+
+def check_divergence_lr(answer: float, x: np.ndarray, momentum: float = 0.0) -> GateResult:
+    """Gate for module 2 (find out): the learning rate above which gradient descent with heavy-ball
+    ``momentum`` diverges on the mean squared error of a line through ``x``. The gate's reference is
+    the theory, ``2 (1 + momentum) / largest curvature``; you find it by trying rates."""
+    from posttrainllm.gradient_descent import max_stable_lr
+
+    return _find_out("divergence_lr", answer, (1 + momentum) * max_stable_lr(linear.mse_hessian(x)), 0.02,
+                     f"the largest stable learning rate with momentum {momentum:g}",
+                     "run descent at a rate, see whether the loss grows, and bisect between a rate that "
+                     "converges and one that does not")
+
+
+def check_best_tile(answer: int, m: int, n: int, k: int, budget: int) -> GateResult:
+    """Gate for module 3 (find out): the smallest tile whose tiled ``m x k @ k x n`` matmul loads at
+    most ``budget`` numbers from slow memory (the count of
+    :func:`posttrainllm.matmul.tiled_slow_reads`)."""
+    from posttrainllm.matmul import tiled_slow_reads
+
+    best = next(t for t in range(1, max(m, n, k) + 1) if tiled_slow_reads(m, n, k, t) <= budget)
+    return _find_out("best_tile", answer, best, 0.0, f"the smallest tile within {budget:,} loads",
+                     "count the loads for each tile size (your tiled_reads) and take the first within budget")
+
+
+def check_graph_size(answer: int, loss) -> GateResult:
+    """Gate for module 4 (find out): how many ``Value`` nodes the graph behind ``loss`` holds
+    (every node ``backward()`` visits, the inputs and parameters included)."""
+    from posttrainllm.autograd import topological_order
+
+    return _find_out("graph_size", answer, len(topological_order(loss)), 0.0, "nodes in the graph",
+                     "walk back from the loss through each node's parents, counting each node once")
+
+
+def check_temperature(answer: float, logits: np.ndarray, bits: float) -> GateResult:
+    """Gate for module 5 (find out): the sampling temperature at which the distribution
+    ``softmax(logits / T)`` has an entropy of ``bits`` bits."""
+    from posttrainllm.sampling import next_token_distribution
+
+    def entropy(t: float) -> float:
+        p = next_token_distribution(logits, temperature=t)
+        p = p[p > 0]
+        return float(-(p * np.log2(p)).sum())
+
+    low, high = 1e-3, 1e3
+    for _ in range(200):  # the entropy rises with the temperature: bisect on a log scale
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if entropy(mid) < bits else (low, mid)
+    return _find_out("temperature", answer, low, 0.01, f"the temperature for {bits:g} bits",
+                     "compute the entropy of the distribution at a few temperatures and bisect")
+
+
+def check_compression(answer: float, text: str, held_out: str, vocab_size: int) -> GateResult:
+    """Gate for module 6 (find out): bytes per token on ``held_out`` for a BPE tokenizer with
+    ``vocab_size`` tokens trained on ``text``."""
+    from posttrainllm.tokenizer import Tokenizer
+
+    tok = Tokenizer.train(text, vocab_size)
+    truth = len(held_out.encode()) / len(tok.encode_ordinary(held_out))
+    return _find_out("compression", answer, truth, 0.005, f"bytes per token at {vocab_size} tokens",
+                     "train a tokenizer of that size on the training text and encode the held-out text")
+
+
+def check_fa2_memory_ratio(answer: float, n: int, block: int) -> GateResult:
+    """Gate for module 7 (find out): how many times more extra memory naive causal attention needs
+    than FlashAttention-2 with square blocks of ``block``, for one head of ``n`` positions and width
+    64 in float32 (the shapes of module 7's measurement), as
+    :func:`posttrainllm.measure.extra_peak_bytes` measures them."""
+    from posttrainllm import attention as att
+    from posttrainllm.measure import extra_peak_bytes
+
+    q, k, v = (np.zeros((1, n, 64), dtype=np.float32) for _ in range(3))  # the values do not change the memory
+    naive = extra_peak_bytes(lambda: att.attention(q, k, v, causal=True))
+    flash = extra_peak_bytes(lambda: att.flash_attention_forward(q, k, v, True, block, block))
+    return _find_out("fa2_memory_ratio", answer, naive / flash, 0.02,
+                     f"naive over FA2 extra memory at N = {n}, blocks of {block}",
+                     "measure both with extra_peak_bytes, as the Linear memory cell does, and divide")
+
+
+def check_max_loss_scale(answer: float, grads: np.ndarray) -> GateResult:
+    """Gate for module 8 (find out): the largest power-of-two loss scale ``S`` for which ``S * grads``
+    has no overflow in fp16."""
+    exponent = 0
+    with np.errstate(over="ignore"):
+        while np.isfinite((grads * 2.0 ** (exponent + 1)).astype(np.float16)).all():
+            exponent += 1
+        while not np.isfinite((grads * 2.0**exponent).astype(np.float16)).all():
+            exponent -= 1
+    return _find_out("max_loss_scale", answer, 2.0**exponent, 0.0, "the largest safe power-of-two scale",
+                     "multiply by 2^e, cast to float16 and look for inf, for e = 0, 1, 2, …")
+
+
+def check_energy_rank(answer: int, delta, share: float) -> GateResult:
+    """Gate for module 9 (find out): the smallest rank ``r`` for which the best rank-``r``
+    approximation of the weight change ``delta`` keeps ``share`` of its energy (the sum of squared
+    singular values): the rank a LoRA adapter needs to say most of what a full fine-tune changed."""
+    sigma = np.linalg.svd(np.asarray(delta, dtype=float), compute_uv=False)
+    energy = np.cumsum(sigma**2) / np.sum(sigma**2)
+    best = int(np.searchsorted(energy, share) + 1)
+    return _find_out("energy_rank", answer, best, 0.0, f"the rank keeping {share:.0%} of the energy",
+                     "take the singular values of the change and add their squares until the share is reached")
+
+
+def check_alpha_for(answer: float, k: int, tokens: float) -> GateResult:
+    """Gate for module 10 (find out): the acceptance rate at which drafting ``k`` tokens gives
+    ``tokens`` tokens per target forward on average."""
+    from posttrainllm.speculative import expected_tokens_per_forward
+
+    low, high = 0.0, 1.0
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if expected_tokens_per_forward(mid, k) < tokens else (low, mid)
+    return _find_out("alpha_for", answer, low, 0.005, f"the acceptance rate for {tokens:g} tokens per forward "
+                     f"at k = {k}", "evaluate your expected_tokens at a few rates and bisect")
+
+
 # --- the register: every gate, the module whose notebook runs it, and its kind ------------
 # "write it": the reader writes a piece the module is about; "find out": the reader measures
 # something and the gate checks the number. The book's Mastery page and book/curriculum.md are
@@ -979,28 +1242,42 @@ def check_verify(verify: Callable) -> GateResult:
 
 WRITE, FIND = "write it", "find out"
 GATES: dict[str, tuple[int, str]] = {
+    "check_mse_grad": (1, WRITE),
     "check_fit_line": (1, WRITE),
+    "check_lowest_loss": (1, FIND),
     "check_numerical_gradient": (2, WRITE),
+    "check_momentum": (2, WRITE),
+    "check_divergence_lr": (2, FIND),
+    "check_broadcast_shape": (3, WRITE),
     "check_tiled_reads": (3, WRITE),
+    "check_best_tile": (3, FIND),
     "check_backward_rule": (4, WRITE),
     "check_train_step": (4, WRITE),
+    "check_graph_size": (4, FIND),
+    "check_bigram_probs": (5, WRITE),
     "check_top_p": (5, WRITE),
+    "check_temperature": (5, FIND),
     "check_merge_step": (6, WRITE),
     "check_encode": (6, WRITE),
+    "check_compression": (6, FIND),
     "check_attention": (7, WRITE),
     "check_self_attention": (7, WRITE),
     "check_block": (7, WRITE),
     "check_gpt_forward": (7, WRITE),
     "check_online_softmax_update": (7, WRITE),
     "check_flash_tile": (7, WRITE),
+    "check_fa2_memory_ratio": (7, FIND),
     "check_adamw_update": (8, WRITE),
     "check_loss_scaling": (8, WRITE),
+    "check_max_loss_scale": (8, FIND),
     "check_lora_forward": (9, WRITE),
     "check_lora_merge": (9, WRITE),
     "check_dpo_loss": (9, WRITE),
+    "check_energy_rank": (9, FIND),
     "check_sae_step": (10, WRITE),
     "check_verify": (10, WRITE),
     "check_expected_tokens": (10, WRITE),
+    "check_alpha_for": (10, FIND),
 }
 
 

@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -105,6 +106,19 @@ def test_the_curriculum_names_every_gate():
     from posttrainllm.tools import mastery
 
     text = (ROOT / "book" / "curriculum.md").read_text(encoding="utf-8")
-    for gate in mastery.GATES:
-        name = mastery.describe(gate).split("`")[1].split("(")[0]
-        assert f"`{name}" in text, f"book/curriculum.md does not mention {name} ({gate})"
+    modules = dict(re.findall(r"^## Module (\d+):(.*?)(?=^## |\Z)", text, flags=re.M | re.S))
+    for gate, (module, kind) in mastery.GATES.items():
+        section = modules[str(module)]
+        if kind == mastery.WRITE:
+            name = mastery.describe(gate).split("`")[1].split("(")[0]
+            assert f"`{name}" in section, f"book/curriculum.md's module {module} does not mention {name} ({gate})"
+        else:
+            assert "to find out" in section, f"book/curriculum.md's module {module} lists no find-out ({gate})"
+
+
+def test_every_module_has_at_least_three_gates_of_both_kinds():
+    from posttrainllm.tools import mastery
+
+    for module in range(1, 11):
+        kinds = [kind for m, kind in mastery.GATES.values() if m == module]
+        assert len(kinds) >= 3 and set(kinds) == {mastery.WRITE, mastery.FIND}, (module, kinds)

@@ -309,3 +309,132 @@ def test_verify_gate():
     assert _hints(unnormalised) == {"renormalise max(0, p - q) to sum to 1"}
     resample_p = mastery.check_verify(lambda p, q, t, u: (_verify(p, q, t, u)[0], p))
     assert any(f.startswith("the output distribution") for f in resample_p.failures)
+
+
+def test_mse_grad_gate():
+    def grad(theta, x, y, factor=2.0, mean=True):
+        r = theta[0] * x + theta[1] - y
+        total = np.array([(factor * r * x).sum(), (factor * r).sum()])
+        return total / len(x) if mean else total
+
+    assert mastery.check_mse_grad(grad)
+    assert _hints(mastery.check_mse_grad(lambda t, x, y: grad(t, x, y, factor=1.0))) == {
+        "the square's derivative brings a factor 2"}
+    assert _hints(mastery.check_mse_grad(lambda t, x, y: grad(t, x, y, mean=False))) == {
+        "the loss is a mean, so its gradient is divided by n"}
+    assert "flipped" in str(mastery.check_mse_grad(lambda t, x, y: -grad(t, x, y)))
+
+
+def test_momentum_gate():
+    def descend(grad, theta, lr, momentum, steps, carry=True):
+        velocity = np.zeros_like(theta)
+        for _ in range(steps):
+            velocity = (momentum * velocity if carry else 0) + grad(theta)
+            theta = theta - lr * velocity
+        return theta
+
+    assert mastery.check_momentum(descend)
+    forgets = mastery.check_momentum(lambda *a: descend(*a, carry=False))
+    assert len(forgets.failures) == 2 and _hints(forgets) == {"the velocity must carry over from step to step"}
+
+
+def test_broadcast_shape_gate():
+    def broadcast_shape(a, b, from_right=True):
+        n = max(len(a), len(b))
+        pad = (lambda s: (1,) * (n - len(s)) + tuple(s)) if from_right else (lambda s: tuple(s) + (1,) * (n - len(s)))
+        out = []
+        for i, j in zip(pad(a), pad(b), strict=True):
+            if i != j and 1 not in (i, j):
+                raise ValueError(f"{a} and {b} do not broadcast")
+            out.append(max(i, j))
+        return tuple(out)
+
+    assert mastery.check_broadcast_shape(broadcast_shape)
+    left = mastery.check_broadcast_shape(lambda a, b: broadcast_shape(a, b, from_right=False))
+    assert not left and all("align the shapes from the right" in f for f in left.failures)
+    assert "raise ValueError" in str(mastery.check_broadcast_shape(lambda a, b: a if len(a) >= len(b) else b))
+
+
+def test_bigram_probs_gate():
+    def bigram_probs(ids, vocab_size, alpha):
+        counts = np.full((vocab_size, vocab_size), float(alpha))
+        for a, b in zip(ids[:-1], ids[1:], strict=True):
+            counts[a, b] += 1
+        return counts / counts.sum(axis=1, keepdims=True)
+
+    assert mastery.check_bigram_probs(bigram_probs)
+    assert _hints(mastery.check_bigram_probs(lambda *a: bigram_probs(*a).T)) == {
+        "row a is what follows a: P[a, b] counts a then b"}
+    assert "normalise each row" in str(mastery.check_bigram_probs(lambda *a: bigram_probs(*a) * 2))
+
+
+# --- find-out gates: the right number passes, a wrong one is called too high or too low, and the
+# number itself is never printed.
+
+
+def test_find_out_gates_pass_the_truth_and_say_which_way_a_wrong_answer_is():
+    from posttrainllm import linear, sampling, speculative
+    from posttrainllm.matmul import tiled_slow_reads
+
+    x, y = linear.make_line_data(n=30, slope=1.5, intercept=0.5, seed=11)
+    best = linear.mse(linear.predict(linear.fit_closed_form(x, y), x), y)
+    logits = np.array([2.0, 1.0, 0.0, -1.0])
+
+    def entropy_bits(t):
+        p = sampling.next_token_distribution(logits, temperature=t)
+        return float(-(p * np.log2(p)).sum())
+
+    ts = np.geomspace(0.05, 50, 20001)
+    temperature = ts[np.argmin([abs(entropy_bits(t) - 1.5) for t in ts])]
+    alphas = np.linspace(0, 1, 100001)
+    alpha = alphas[np.argmin([abs(speculative.expected_tokens_per_forward(a, 4) - 3.0) for a in alphas])]
+    tile = min(t for t in range(1, 97) if tiled_slow_reads(96, 80, 64, t) <= 50_000)
+    rng = np.random.default_rng(0)
+    delta = rng.standard_normal((8, 3)) @ np.diag([5.0, 2.0, 0.5]) @ rng.standard_normal((3, 12))
+    sigma = np.linalg.svd(delta, compute_uv=False)
+    rank = 1 + int(np.argmax(np.cumsum(sigma**2) / np.sum(sigma**2) >= 0.9))
+    curvature = linear.mse_hessian(x)
+    grads = np.array([1e-3, 2.0, -30.0])  # the largest is 30: 30 * 2^11 = 61440 < 65504 < 30 * 2^12
+    right = {
+        "lowest_loss": (lambda a: mastery.check_lowest_loss(a, x, y), best),
+        "divergence_lr": (lambda a: mastery.check_divergence_lr(a, x, 0.9), 3.8 / np.linalg.eigvalsh(curvature)[-1]),
+        "best_tile": (lambda a: mastery.check_best_tile(a, 96, 80, 64, 50_000), tile),
+        "temperature": (lambda a: mastery.check_temperature(a, logits, 1.5), temperature),
+        "max_loss_scale": (lambda a: mastery.check_max_loss_scale(a, grads), 2.0**11),
+        "energy_rank": (lambda a: mastery.check_energy_rank(a, delta, 0.9), rank),
+        "alpha_for": (lambda a: mastery.check_alpha_for(a, 4, 3.0), alpha),
+    }
+    for name, (gate, truth) in right.items():
+        assert gate(truth), name
+        assert repr(gate(truth)) == f"PASSED {name}: your answer matches."
+        high, low = gate(truth * 1.5), gate(truth / 1.5 if truth > 1 else truth * 0.5)
+        assert "too high" in high.failures[0] and "too low" in low.failures[0], name
+        assert f"{truth:g}" not in repr(high), name
+        assert "expected a number" in gate("many").failures[0]
+
+
+def test_graph_size_and_compression_and_memory_gates_measure_for_themselves():
+    from posttrainllm.autograd import Value
+    from posttrainllm.tokenizer import Tokenizer
+
+    a, b = Value(2.0), Value(3.0)
+    loss = (a * b + a).tanh()  # a, b, a*b, a*b + a, tanh: five nodes
+    assert mastery.check_graph_size(5, loss) and not mastery.check_graph_size(6, loss)
+    text, held_out = "the cat sat on the mat. " * 30, "the hat sat on the cat."
+    tok = Tokenizer.train(text, 300)
+    ratio = len(held_out.encode()) / len(tok.encode_ordinary(held_out))
+    assert mastery.check_compression(ratio, text, held_out, 300)
+    assert not mastery.check_compression(1.0, text, held_out, 300)
+    assert not mastery.check_fa2_memory_ratio(1.0, 256, 32)  # naive needs far more than FA2
+
+
+def test_expected_tokens_gate():
+    def expected(alpha, k):
+        return float(sum(alpha**i for i in range(k + 1)))  # P(at least i tokens) summed, bonus included
+
+    assert mastery.check_expected_tokens(expected)
+    no_bonus = mastery.check_expected_tokens(lambda a, k: float(sum(a**i for i in range(k))))
+    assert "count the bonus token" in str(no_bonus)
+    measured = {4: (0.8, expected(0.8, 4) * 0.95)}  # a run a little under the formula passes
+    assert mastery.check_expected_tokens(expected, measured)
+    assert "measured run k=4" in str(mastery.check_expected_tokens(expected, {4: (0.8, 1.5)}))
