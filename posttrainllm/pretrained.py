@@ -140,6 +140,8 @@ NOTEBOOK_MODELS: dict[str, Callable[[], object]] = {
     **{f"SFT, {f'LoRA r={r}' if r else 'all weights'}": (lambda r=r: _tuned_models().sft_model(rank=r))
        for r in (None, 1, 2, 4, 8)},
     **{f"DPO, NLL weight {w:g}": (lambda w=w: _tuned_models().dpo_model(nll_weight=w)) for w in (0.0, 1.0)},
+    **{f"GRPO, {reward.split(':')[0]} reward": (lambda reward=reward: _tuned_models().grpo_model(reward))
+       for reward in ("composite: correct + format", "proxy: the answer is a phrase of the prompt")},
 }
 
 

@@ -29,12 +29,28 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from posttrainllm import evals
 from posttrainllm.model import GPT, KVCache, log_probs
 from posttrainllm.optim import AdamW
 from posttrainllm.sft import END, Example, chat_ids
 from posttrainllm.tokenizer import Tokenizer
 
 Reward = Callable[[Example, "str | None"], float]  # (task example, completion or None if unfinished)
+
+
+def composite(example: Example, completion: str | None) -> float:
+    """The reward to learn from: the answer is right, and well formed (:func:`evals.composite_reward`)."""
+    return evals.composite_reward(completion, example.response)
+
+
+def phrase_of_prompt(example: Example, completion: str | None) -> float:
+    """A proxy that looks reasonable and can be hacked: 1 when the answer is a phrase of the prompt
+    (right answers are, but so is any other phrase of the story)."""
+    return float(bool(completion and completion.strip()) and completion.strip() in example.prompt)
+
+
+REWARDS: dict[str, Reward] = {"composite: correct + format": composite,
+                              "proxy: the answer is a phrase of the prompt": phrase_of_prompt}
 
 
 def reproducible_start(model: GPT, trainable_grid: float = 2.0**-8, frozen_grid: float = 2.0**-12) -> GPT:

@@ -1,6 +1,6 @@
 """Module 9's fine-tuned models, cached: the base model (:mod:`posttrainllm.pretrained`) tuned on
-questions with every weight or with LoRA adapters at each rank (:func:`sft_model`), and then with
-DPO (:func:`dpo_model`).
+questions with every weight or with LoRA adapters at each rank (:func:`sft_model`), then with
+DPO (:func:`dpo_model`); and module 10's GRPO policies (:func:`grpo_model`).
 
 Each is trained once, in float64, and read from the cache afterwards, so module 10 can score every
 one of them without training them again — and without depending on module 9 having run first.
@@ -86,3 +86,28 @@ def dpo_model(nll_weight: float = 0.0, steps: int = 150, sft_steps: int = 500, r
 
     name = f"dpo-nll{nll_weight:g}-{steps}-sft{sft_steps}-{recipe.key}"
     return _tuned(name, _sft_skeleton(4, recipe, cache_dir), fit, cache_dir)
+
+
+def grpo_model(reward: str, steps: int = 100, sft_steps: int = 500, recipe: Recipe = Recipe(),
+               cache_dir: Path | None = None) -> tuple[GPT, dict]:
+    """Module 10's GRPO policy for ``reward`` (a key of :data:`posttrainllm.rl.REWARDS`) and its
+    history (reward, KL, tracked correctness per step): the LoRA r=4 :func:`sft_model` with its
+    weights rounded by :func:`rl.reproducible_start`, trained for ``steps`` steps on 500 training
+    questions (seed 4) at lr 2e-3 with a KL penalty of 0.04 to that same start, its sampled answers'
+    correctness tracked beside the reward."""
+    from posttrainllm import evals, rl, sft
+
+    if reward not in rl.REWARDS:
+        raise ValueError(f"unknown reward {reward!r}: choose one of {sorted(rl.REWARDS)}")
+
+    def start() -> GPT:
+        return rl.reproducible_start(sft_model(4, sft_steps, recipe, cache_dir)[0])
+
+    def fit(model: GPT) -> dict:
+        tokenizer = base_model(recipe, cache_dir)[1]
+        pool = sft.examples("questions", 500, seed=4)
+        return rl.train_grpo(model, start(), tokenizer, pool, rl.REWARDS[reward], steps=steps, lr=2e-3,
+                             kl_coef=0.04, track=lambda e, c: evals.correctness(c, e.response))
+
+    name = f"grpo-{rl.REWARDS[reward].__name__}-{steps}-sft{sft_steps}-{recipe.key}"
+    return _tuned(name, start, fit, cache_dir)

@@ -1,9 +1,10 @@
+import pytest
 import torch
 
 from posttrainllm import lora, preference, sft
 from posttrainllm.pretrained import Recipe, base_model, held_out_ids
 from posttrainllm.train import evaluate
-from posttrainllm.tuned import dpo_model, sft_model
+from posttrainllm.tuned import dpo_model, grpo_model, sft_model
 
 
 def same_weights(a, b) -> bool:
@@ -79,6 +80,18 @@ def test_dpo_model_starts_from_the_lora_sft_model_and_records_its_run(tmp_path):
     assert set(history) == {"loss", "margin", "chosen_logp"} and len(history["loss"]) == 2
     assert history["margin"][0] == 0.0  # step one: policy == reference, so no margin yet
     assert not same_weights(policy, reference)
+
+
+def test_grpo_model_is_cached_with_its_history_and_names_an_unknown_reward(tmp_path):
+    name = "proxy: the answer is a phrase of the prompt"
+    policy, history = grpo_model(name, steps=2, sft_steps=2, recipe=CHAT, cache_dir=tmp_path)
+    assert {"reward", "kl", "tracked"} <= set(history) and len(history["reward"]) == 2
+    [cached] = [p for p in tmp_path.iterdir() if p.name.startswith("tuned-grpo-phrase_of_prompt")]
+    stamp = cached.stat().st_mtime_ns
+    again, history_again = grpo_model(name, steps=2, sft_steps=2, recipe=CHAT, cache_dir=tmp_path)
+    assert cached.stat().st_mtime_ns == stamp and history_again == history and same_weights(policy, again)
+    with pytest.raises(ValueError, match="unknown reward 'length'"):
+        grpo_model("length", cache_dir=tmp_path)
 
 
 def test_mistake_pairs_are_exactly_the_wrong_answers(tmp_path):
