@@ -182,7 +182,7 @@ def mastery_table(root: Path | None = None, link_prefix: str = "../") -> str:
 
     rows = ["| Module | Gate | Kind | Task | Where |", "| ---: | --- | --- | --- | --- |"]
     for gate, sections in gate_map(root).items():
-        module, kind = mastery.GATES[gate]
+        module, kind = mastery.GATES.get(gate, ("?", "**not registered**"))
         where = ", ".join(f"[{s.title}]({link_prefix}{s.notebook}{'#' + s.anchor if s.anchor else ''})"
                           for s in sections)
         task = mastery.describe(gate).replace("|", "\\|")
