@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posttrainllm import data
+from posttrainllm import data, rl
 from posttrainllm.model import GPT, GPTConfig
 from posttrainllm.tokenizer import Tokenizer
 from posttrainllm.train import load_checkpoint, save_checkpoint, train
@@ -141,7 +141,7 @@ NOTEBOOK_MODELS: dict[str, Callable[[], object]] = {
        for r in (None, 1, 2, 4, 8)},
     **{f"DPO, NLL weight {w:g}": (lambda w=w: _tuned_models().dpo_model(nll_weight=w)) for w in (0.0, 1.0)},
     **{f"GRPO, {reward.split(':')[0]} reward": (lambda reward=reward: _tuned_models().grpo_model(reward))
-       for reward in ("composite: correct + format", "proxy: the answer is a phrase of the prompt")},
+       for reward in rl.REWARDS},
 }
 
 
