@@ -16,6 +16,8 @@ keeps few features on at once, so each one has a chance to mean one thing. Its r
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -115,3 +117,17 @@ def evaluate_sae(sae: SparseAutoencoder, model: GPT, layer: int, x: torch.Tensor
         loss_sae=_loss_with(model, layer, x, y, lambda out: sae(out)[0]),
         loss_ablated=_loss_with(model, layer, x, y, torch.zeros_like),
     )
+
+
+@contextlib.contextmanager
+def steer(model: GPT, layer: int, direction: torch.Tensor, scale: float) -> Iterator[None]:
+    """Inside the block, add ``scale * direction`` to the residual stream that enters block ``layer``
+    (the stream :func:`~posttrainllm.logit_lens.residual_streams` lists at index ``layer``), at every
+    position: feature steering with an SAE decoder column (Templeton et al., 2024)."""
+    if not 1 <= layer <= len(model.blocks):
+        raise ValueError(f"layer must be between 1 and {len(model.blocks)} (the stream after a block), got {layer}")
+    handle = model.blocks[layer - 1].register_forward_hook(lambda module, args, out: out + scale * direction)
+    try:
+        yield
+    finally:
+        handle.remove()
