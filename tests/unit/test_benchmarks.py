@@ -18,6 +18,7 @@ SCRIPTS = {  # script -> the result tables it writes
     "autograd_engines": ["autograd_engines"],
     "drift": ["drift"],
     "matmul": ["matmul"],
+    "roofline": ["roofline_cpu"],
     "tokenizer": ["tokenizer_training", "tokenizer_encoding"],
     "training_mechanics": ["checkpointing", "precision", "data_parallel"],
     "speculative": ["speculative_decoding", "sae_throughput"],
@@ -25,7 +26,10 @@ SCRIPTS = {  # script -> the result tables it writes
     "webgpu": ["webgpu_matmul_cpu", "webgpu_attention_cpu", "webgpu_softmax_cpu"],
 }
 EXTRA_ARGS = {"webgpu": ["--driver", "lavapipe"]}  # CI has no GPU: the CPU driver checks the code path
-COMMITTED = {"webgpu": ["webgpu_matmul_gpu", "webgpu_attention_gpu", "webgpu_softmax_gpu"]}  # measured on an H200
+COMMITTED = {  # measured on an H200
+    "webgpu": ["webgpu_matmul_gpu", "webgpu_attention_gpu", "webgpu_softmax_gpu"],
+    "roofline": ["roofline_gpu"],
+}
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
