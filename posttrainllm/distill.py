@@ -1,0 +1,66 @@
+"""Knowledge distillation of a fine-tuned model into a smaller one (the reward-models chapter,
+``book/reward-models.md``).
+
+Hinton, Vinyals and Dean (*Distilling the Knowledge in a Neural Network*, 2015) train a small
+*student* on a large *teacher*'s output distribution instead of on the one right label: the
+teacher's probabilities for the wrong answers carry information the label does not. For a
+language model this is token-level distillation: at every response position, minimise the KL
+divergence from the teacher's next-token distribution to the student's (Kim and Rush, 2016,
+compare it with training on the teacher's own outputs). Both models must share a tokenizer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from posttrainllm.model import GPT, log_probs
+from posttrainllm.optim import AdamW
+from posttrainllm.sft import END, IGNORE, Example, pack, render
+from posttrainllm.tokenizer import Tokenizer
+
+
+def token_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor, targets: torch.Tensor,
+             temperature: float = 1.0) -> torch.Tensor:
+    """Mean ``KL(teacher || student)`` over the positions whose target is not ``IGNORE``, both
+    distributions softened by ``temperature`` (the loss is multiplied by its square, as in Hinton
+    et al., so that its gradient keeps the same scale)."""
+    mask = targets != IGNORE
+    teacher = log_probs(teacher_logits[mask] / temperature)
+    student = log_probs(student_logits[mask] / temperature)
+    return F.kl_div(student, teacher, log_target=True, reduction="batchmean") * temperature**2
+
+
+def train_distill(student: GPT, teacher: GPT, tokenizer: Tokenizer, train_set: list[Example], steps: int,
+                  batch_size: int = 16, lr: float = 3e-3, temperature: float = 1.0, seed: int = 0) -> list[float]:
+    """Train ``student`` on the teacher's distributions over ``train_set``'s responses, drawing
+    rows as :func:`posttrainllm.sft.train_sft` does; returns the loss per step."""
+    if student.config.vocab_size != teacher.config.vocab_size:
+        raise ValueError(f"student and teacher must share a vocabulary: {student.config.vocab_size} tokens "
+                         f"against {teacher.config.vocab_size}")
+    inputs, targets = pack([render(tokenizer, e) for e in train_set], student.config.block_size,
+                           tokenizer.special_tokens[END])
+    optimizer = AdamW(student.parameters(), lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    teacher.eval()
+    student.train()
+    losses = []
+    for _ in range(steps):
+        rows = torch.randint(0, len(inputs), (batch_size,), generator=generator)
+        with torch.no_grad():
+            teacher_logits = teacher(inputs[rows])
+        loss = token_kl(teacher_logits, student(inputs[rows]), targets[rows], temperature)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    student.eval()
+    return losses
+
+
+@torch.no_grad()
+def held_out_kl(student: GPT, teacher: GPT, tokenizer: Tokenizer, examples: list[Example]) -> float:
+    """Mean per-token ``KL(teacher || student)`` on the responses of ``examples``."""
+    inputs, targets = pack([render(tokenizer, e) for e in examples], student.config.block_size,
+                           tokenizer.special_tokens[END])
+    return float(token_kl(teacher(inputs), student(inputs), targets))

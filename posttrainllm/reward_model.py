@@ -1,0 +1,95 @@
+"""A Bradley–Terry reward model, and best-of-n sampling against it (the reward-models chapter,
+``book/reward-models.md``).
+
+RLHF as in InstructGPT (Ouyang et al., 2022) first learns a *reward model* from human choices
+between two responses. The Bradley–Terry model (Bradley and Terry, 1952) says the chosen one
+wins with probability ``sigmoid(r(chosen) - r(rejected))``. Minimising ``-log`` of that over the
+pairs fits ``r``. Here ``r`` is the base GPT with its output head replaced by one number read at
+the response's end token: the network that learned the language judges the answers.
+
+Best-of-n then samples ``n`` responses from the policy and keeps the one ``r`` scores highest:
+the simplest way to optimise against a reward model, with a known KL divergence from the
+policy, ``log n - (n - 1) / n`` (Stiennon et al., 2020).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from posttrainllm.logit_lens import residual_streams
+from posttrainllm.model import GPT
+from posttrainllm.optim import AdamW
+from posttrainllm.preference import Pair
+from posttrainllm.sft import END, chat_ids
+from posttrainllm.tokenizer import Tokenizer
+
+
+class RewardModel(nn.Module):
+    """A copy of ``backbone`` whose final hidden state at the end token is mapped to a scalar."""
+
+    def __init__(self, backbone: GPT) -> None:
+        super().__init__()
+        self.backbone = copy.deepcopy(backbone)
+        self.score = nn.Linear(backbone.config.n_embd, 1, dtype=next(backbone.parameters()).dtype)
+        nn.init.zeros_(self.score.weight)
+        nn.init.zeros_(self.score.bias)
+
+    def forward(self, idx: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Rewards ``(batch,)`` for rows ``idx`` whose final real token is at position ``last``."""
+        hidden = self.backbone.norm(residual_streams(self.backbone, idx)[-1])
+        return self.score(hidden[torch.arange(len(idx)), last]).squeeze(-1)
+
+
+def encode(tokenizer: Tokenizer, prompt: str, responses: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(idx, last)``: each response after the chat prompt and ended by the end token, padded on the
+    right with end tokens; ``last`` is the position of each row's own end token."""
+    end = tokenizer.special_tokens[END]
+    rows = [chat_ids(tokenizer, prompt) + tokenizer.encode_ordinary(r) + [end] for r in responses]
+    width = max(map(len, rows))
+    idx = torch.tensor([r + [end] * (width - len(r)) for r in rows])
+    return idx, torch.tensor([len(r) - 1 for r in rows])
+
+
+def pair_rewards(model: RewardModel, tokenizer: Tokenizer, pairs: list[Pair]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewards of the chosen and of the rejected response of every pair."""
+    chosen = torch.cat([model(*encode(tokenizer, p.prompt, [p.chosen])) for p in pairs])
+    rejected = torch.cat([model(*encode(tokenizer, p.prompt, [p.rejected])) for p in pairs])
+    return chosen, rejected
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """``-log sigmoid(r_chosen - r_rejected)``, averaged over the pairs."""
+    return -F.logsigmoid(chosen - rejected).mean()
+
+
+def train(model: RewardModel, tokenizer: Tokenizer, pairs: list[Pair], steps: int, batch_size: int = 16,
+          lr: float = 3e-4, seed: int = 0) -> list[float]:
+    """Fit the reward model to ``pairs``; returns the loss per step."""
+    optimizer = AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        batch = [pairs[i] for i in torch.randint(len(pairs), (batch_size,), generator=generator).tolist()]
+        loss = bradley_terry_loss(*pair_rewards(model, tokenizer, batch))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@torch.no_grad()
+def pairwise_accuracy(model: RewardModel, tokenizer: Tokenizer, pairs: list[Pair]) -> float:
+    """Fraction of pairs whose chosen response gets the higher reward."""
+    chosen, rejected = pair_rewards(model, tokenizer, pairs)
+    return float((chosen > rejected).double().mean())
+
+
+def best_of_n_kl(n: int) -> float:
+    """KL divergence (nats) from the policy to its best-of-``n`` distribution, for a reward without ties."""
+    return math.log(n) - (n - 1) / n
