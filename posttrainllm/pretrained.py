@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posttrainllm import data, rl
+from posttrainllm import curation, data, rl
 from posttrainllm.model import GPT, GPTConfig
 from posttrainllm.tokenizer import Tokenizer
 from posttrainllm.train import load_checkpoint, save_checkpoint, train
@@ -131,8 +131,9 @@ def _tuned_models():
     return tuned
 
 
-# Every cached model a notebook loads: modules 7–10's base model, module 10's speculative-decoding
-# target and draft, and module 9's fine-tuned models (which module 10 scores again).
+# Every cached model a notebook or a computed chapter loads: modules 7–10's base model, module 10's
+# speculative-decoding target and draft, module 9's fine-tuned models (which module 10 scores
+# again), and the post-training data chapter's fine-tunes.
 NOTEBOOK_MODELS: dict[str, Callable[[], object]] = {
     "base": lambda: base_model(),
     "speculative target (6 blocks, width 128)": lambda: base_model(SPECULATIVE_TARGET),
@@ -142,6 +143,8 @@ NOTEBOOK_MODELS: dict[str, Callable[[], object]] = {
     **{f"DPO, NLL weight {w:g}": (lambda w=w: _tuned_models().dpo_model(nll_weight=w)) for w in (0.0, 1.0)},
     **{f"GRPO, {reward.split(':')[0]} reward": (lambda reward=reward: _tuned_models().grpo_model(reward))
        for reward in rl.REWARDS},
+    # the post-training data chapter's SFT runs, one per curation stage
+    **{f"SFT on planted data, {stage}": (lambda stage=stage: curation.stage_model(stage)) for stage in curation.STAGES},
 }
 
 
