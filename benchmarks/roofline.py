@@ -44,7 +44,7 @@ def main() -> None:
     for name, dtype, tf32 in precisions:
         if cuda:
             torch.backends.cuda.matmul.allow_tf32 = tf32
-        flops = _median(lambda dtype=dtype: roofline.matmul_flops(n, dtype, args.device), runs)
+        flops = _median(lambda dtype=dtype: roofline.matmul_rate(n, dtype, args.device), runs)
         rows.append([f"{name} matmul, n = {n}", f"{flops / 1e12:,.2f} TFLOP/s", f"{flops / bandwidth:,.0f}"])
     if cuda:
         props = torch.cuda.get_device_properties(0)

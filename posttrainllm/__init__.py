@@ -44,6 +44,21 @@ Each module holds one concept, named after it, in the order the curriculum meets
             ``sae``               a sparse autoencoder on the residual stream
             ``speculative``       speculative decoding
 - reference ``moe``               a mixture of experts and its load-balancing loss
+            ``zero``              ZeRO's memory count, checked on DDP, ZeRO-1 and FSDP2 processes
+            ``simulated_precision`` bf16, fp16 and fp8 training simulated on the CPU
+            ``dedup``             exact and MinHash-LSH near-duplicate removal
+            ``quality``           heuristic quality rules for text
+            ``contamination``     n-gram overlap between evaluation items and training data
+            ``curation``          module 9's data with planted faults, cleaned stage by stage
+            ``reward_model``      a Bradley–Terry reward model; best-of-n
+            ``distill``           token-level distillation into a smaller model
+            ``roofline``          a device's roofline, measured
+            ``paged_kv``          a paged KV-cache allocator against contiguous reservation
+            ``batching``          static against continuous batching, simulated
+            ``quantize``          int8 and int4 weight quantization
+            ``failures``          an error taxonomy for the question-answering task
+            ``eval_report``       the eval matrix of the book's models, and model cards
+            ``induction``         induction heads in an attention-only model; patching, ablation
 
 Around them: ``assets`` (the kernels and the WASM trainer, shipped as package data),
 ``atomic`` (files written whole or not at all), and the book's tooling in ``tools``.

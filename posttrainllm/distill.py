@@ -15,8 +15,7 @@ import torch
 from torch.nn import functional as F
 
 from posttrainllm.model import GPT, log_probs
-from posttrainllm.optim import AdamW
-from posttrainllm.sft import END, IGNORE, Example, pack, render
+from posttrainllm.sft import END, IGNORE, Example, pack, render, train_sft
 from posttrainllm.tokenizer import Tokenizer
 
 
@@ -33,29 +32,19 @@ def token_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor, targets
 
 def train_distill(student: GPT, teacher: GPT, tokenizer: Tokenizer, train_set: list[Example], steps: int,
                   batch_size: int = 16, lr: float = 3e-3, temperature: float = 1.0, seed: int = 0) -> list[float]:
-    """Train ``student`` on the teacher's distributions over ``train_set``'s responses, drawing
-    rows as :func:`posttrainllm.sft.train_sft` does; returns the loss per step."""
+    """Train ``student`` on the teacher's distributions over ``train_set``'s responses, drawing rows
+    as :func:`posttrainllm.sft.train_sft` does (it is that loop, with this loss); returns the loss per step."""
     if student.config.vocab_size != teacher.config.vocab_size:
         raise ValueError(f"student and teacher must share a vocabulary: {student.config.vocab_size} tokens "
                          f"against {teacher.config.vocab_size}")
-    inputs, targets = pack([render(tokenizer, e) for e in train_set], student.config.block_size,
-                           tokenizer.special_tokens[END])
-    optimizer = AdamW(student.parameters(), lr=lr, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(seed)
     teacher.eval()
-    student.train()
-    losses = []
-    for _ in range(steps):
-        rows = torch.randint(0, len(inputs), (batch_size,), generator=generator)
+
+    def loss_fn(model: GPT, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            teacher_logits = teacher(inputs[rows])
-        loss = token_kl(teacher_logits, student(inputs[rows]), targets[rows], temperature)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    student.eval()
-    return losses
+            teacher_logits = teacher(inputs)
+        return token_kl(teacher_logits, model(inputs), targets, temperature)
+
+    return train_sft(student, tokenizer, train_set, steps, batch_size, lr, seed, loss_fn=loss_fn)
 
 
 @torch.no_grad()

@@ -9,8 +9,9 @@ bandwidth ``W`` bytes/s it can reach at most ``min(P, I * W)``. Below the *ridge
 Decoding one token at batch 1 multiplies every weight matrix by a vector, about 2 FLOPs per
 weight read; that is why it is memory-bound, and why quantized weights make it faster.
 
-The peak and the bandwidth here are *measured* (a large matmul, a large copy), on the CPU or on
-a CUDA device, so the roof is this machine's, not a datasheet's.
+Module 3 (:mod:`posttrainllm.matmul`) counts a matmul's FLOPs and bytes and draws the roofline
+for numpy on the CPU; this module measures the roof with PyTorch on any device (a large matmul,
+a large read, CUDA synchronised), so the roof is this machine's or the GPU's, not a datasheet's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+from posttrainllm import matmul
 
 
 @dataclass(frozen=True)
@@ -32,12 +35,8 @@ class Roof:
         return self.peak_flops / self.bandwidth
 
     def attainable(self, intensity: float) -> float:
-        return min(self.peak_flops, intensity * self.bandwidth)
-
-
-def matmul_intensity(m: int, n: int, k: int, bytes_per_value: int) -> float:
-    """FLOP per byte of ``(m, k) @ (k, n)`` when each operand is read once and the result written once."""
-    return 2 * m * n * k / (bytes_per_value * (m * k + k * n + m * n))
+        """FLOP/s, by module 3's :func:`posttrainllm.matmul.roofline` (which works in GFLOP/s and GB/s)."""
+        return float(matmul.roofline(intensity, self.peak_flops / 1e9, self.bandwidth / 1e9)) * 1e9
 
 
 def _seconds(fn, repeats: int, device: str) -> float:
@@ -54,19 +53,20 @@ def _seconds(fn, repeats: int, device: str) -> float:
     return best
 
 
-def matmul_flops(n: int, dtype: torch.dtype = torch.float32, device: str = "cpu", repeats: int = 5) -> float:
-    """Measured FLOP/s of an ``n x n`` matmul (``2 n^3`` operations)."""
+def matmul_rate(n: int, dtype: torch.dtype = torch.float32, device: str = "cpu", repeats: int = 5) -> float:
+    """Measured FLOP/s of an ``n x n`` PyTorch matmul on ``device``."""
     a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
-    return 2 * n**3 / _seconds(lambda: a @ b, repeats, device)
+    return matmul.matmul_flops(n, n, n) / _seconds(lambda: a @ b, repeats, device)
 
 
 def read_bandwidth(mib: int = 1024, device: str = "cpu", repeats: int = 5) -> float:
     """Measured bytes/s of summing ``mib`` MiB of float32: every byte read once, almost no arithmetic,
     as a decode step reads its weights. The default 1 GiB is larger than any CPU's last-level cache
-    (this build machine's is 480 MiB), so the reads come from main memory."""
+    (this build machine's is 480 MiB), so the reads come from main memory. (Module 3's
+    :func:`posttrainllm.matmul.measure_bandwidth_gbs` copies 64 MiB with numpy, on the CPU only.)"""
     src = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
     return src.numel() * 4 / _seconds(lambda: src.sum(), repeats, device)
 
 
 def measure(device: str = "cpu", n: int = 2048, dtype: torch.dtype = torch.float32) -> Roof:
-    return Roof(matmul_flops(n, dtype, device), read_bandwidth(device=device))
+    return Roof(matmul_rate(n, dtype, device), read_bandwidth(device=device))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,9 +130,11 @@ def pack(rendered: list[tuple[list[int], list[int]]], block_size: int, pad_id: i
 
 def train_sft(
     model: GPT, tokenizer: Tokenizer, train_set: list[Example], steps: int, batch_size: int = 16,
-    lr: float = 1e-3, seed: int = 0,
+    lr: float = 1e-3, seed: int = 0, loss_fn: Callable[[GPT, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> list[float]:
-    """Fine-tune the parameters that require grad (all of them, or only LoRA's) on packed rows."""
+    """Fine-tune the parameters that require grad (all of them, or only LoRA's) on packed rows, by
+    the next-token loss on the responses, or by ``loss_fn(model, inputs, targets)`` if given (the
+    distillation chapter passes a KL divergence to a teacher)."""
     inputs, targets = pack([render(tokenizer, e) for e in train_set], model.config.block_size,
                            tokenizer.special_tokens[END])
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -141,7 +144,7 @@ def train_sft(
     losses = []
     for _ in range(steps):
         rows = torch.randint(0, len(inputs), (batch_size,), generator=generator)
-        _, loss = model(inputs[rows], targets[rows])
+        loss = loss_fn(model, inputs[rows], targets[rows]) if loss_fn else model(inputs[rows], targets[rows])[1]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -11,7 +11,7 @@
 
 A page marks where generated text goes with a line ``<!-- generated: NAME -->``.
 
-It also makes the kernels that myst-nb starts for executed pages (``book/llm-mechanics.md``)
+It also makes the kernels that myst-nb starts for executed pages (the reference shelf)
 encrypt their channels with CurveZMQ, as the ipykernel warning about plain TCP asks: myst-nb
 passes no kernel-manager settings through, so the default is set here.
 """

@@ -2,6 +2,8 @@
 
 import re
 
+import pytest
+
 from tests.book.conftest import BUILD
 
 
@@ -53,3 +55,17 @@ def test_no_page_shows_a_markdown_table_as_text(built_book):
     pages = [p for p in (BUILD / "html").rglob("*.html") if "lite" not in p.relative_to(BUILD / "html").parts]
     shown = [p.relative_to(BUILD / "html").as_posix() for p in pages if row.search(p.read_text(encoding="utf-8"))]
     assert shown == []
+
+
+@pytest.mark.parametrize("page, computed", [
+    ("training-at-scale", r"ZeRO-1 +31\.4 GB per device \(paper: 31\.4\)"),
+    ("post-training-data", r"flagged: 400 of 400 junk answers, 0 of 3\d{3} real ones"),
+    ("reward-models", r"teacher 137,152 parameters, student 31,296 \(4\.4x fewer\)"),
+    ("inference-serving", r"512 KiB per token; a 4096-token request holds 2\.0 GiB"),
+    ("evals-and-failures", r"\d+ dirty and \d+ clean questions"),
+    ("interpretability", r"previous-token head: \(0, \d\), score 0\.\d\d"),
+])
+def test_each_reference_shelf_chapter_was_executed_by_the_build(built_book, page, computed):
+    html = (BUILD / "html" / "book" / f"{page}.html").read_text(encoding="utf-8")
+    assert re.search(computed, html), f"{page}: the computed line {computed!r} is not on the page"
+    assert html.count('src="../_images/') + html.count('<img alt="_images/') >= 1  # its figures
