@@ -11,6 +11,8 @@ compare it with training on the teacher's own outputs). Both models must share a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch.nn import functional as F
 
@@ -53,3 +55,22 @@ def held_out_kl(student: GPT, teacher: GPT, tokenizer: Tokenizer, examples: list
     inputs, targets = pack([render(tokenizer, e) for e in examples], student.config.block_size,
                            tokenizer.special_tokens[END])
     return float(token_kl(teacher(inputs), student(inputs), targets))
+
+
+def student(distilled: bool, steps: int = 600, cache_dir: Path | None = None) -> tuple[GPT, dict]:
+    """The reward-models chapter's students, cached: module 10's speculative-decoding draft (1 block,
+    width 32) fine-tuned for ``steps`` steps at lr 3e-3 on module 9's 2,000 training questions,
+    from the labels (``distilled=False``, plain SFT) or from module 9's full SFT model's
+    distributions. Returns ``(model, {"loss": [...]})``."""
+    from posttrainllm import sft, tuned  # pretrained lists these models, so it is imported when needed
+    from posttrainllm.pretrained import SPECULATIVE_DRAFT, base_model
+
+    def fit(model: GPT) -> dict:
+        tokenizer, train_set = base_model(cache_dir=cache_dir)[1], sft.examples("questions", 2000)
+        if distilled:
+            teacher = tuned.sft_model(None, cache_dir=cache_dir)[0]
+            return {"loss": train_distill(model, teacher, tokenizer, train_set, steps=steps, lr=3e-3)}
+        return {"loss": train_sft(model, tokenizer, train_set, steps=steps, lr=3e-3)}
+
+    name = f"student-{'distilled' if distilled else 'labels'}-{steps}-{SPECULATIVE_DRAFT.key}"
+    return tuned._tuned(name, lambda: base_model(SPECULATIVE_DRAFT, cache_dir)[0], fit, cache_dir)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posttrainllm import curation, data, rl
+from posttrainllm import curation, data, distill, reward_model, rl
 from posttrainllm.model import GPT, GPTConfig
 from posttrainllm.tokenizer import Tokenizer
 from posttrainllm.train import load_checkpoint, save_checkpoint, train
@@ -143,8 +143,12 @@ NOTEBOOK_MODELS: dict[str, Callable[[], object]] = {
     **{f"DPO, NLL weight {w:g}": (lambda w=w: _tuned_models().dpo_model(nll_weight=w)) for w in (0.0, 1.0)},
     **{f"GRPO, {reward.split(':')[0]} reward": (lambda reward=reward: _tuned_models().grpo_model(reward))
        for reward in rl.REWARDS},
-    # the post-training data chapter's SFT runs, one per curation stage
+    # the reference shelf: the post-training data chapter's SFT runs, one per curation stage, and the
+    # reward-models chapter's reward models and students
     **{f"SFT on planted data, {stage}": (lambda stage=stage: curation.stage_model(stage)) for stage in curation.STAGES},
+    **{f"reward model, {n or 'all'} pairs": (lambda n=n: reward_model.cached(n, steps=60 if n else 200))
+       for n in (None, 20)},
+    **{f"student, {'distilled' if d else 'labels'}": (lambda d=d: distill.student(d)) for d in (False, True)},
 }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -93,3 +94,20 @@ def pairwise_accuracy(model: RewardModel, tokenizer: Tokenizer, pairs: list[Pair
 def best_of_n_kl(n: int) -> float:
     """KL divergence (nats) from the policy to its best-of-``n`` distribution, for a reward without ties."""
     return math.log(n) - (n - 1) / n
+
+
+def cached(n_pairs: int | None = None, steps: int = 200, cache_dir: Path | None = None) -> tuple[RewardModel, dict]:
+    """The reward-models chapter's reward model, cached: module 9's full SFT model as the backbone,
+    fitted (lr 1e-3, batches of 16) to the first ``n_pairs`` (all, if None) of module 9's DPO pairs —
+    the LoRA r=4 model's wrong greedy answers to 600 training questions (seed 1), each against the
+    right one. Returns ``(model, {"loss": [...]})``."""
+    from posttrainllm import preference, sft, tuned  # pretrained lists this model, so it is imported when needed
+    from posttrainllm.pretrained import Recipe, base_model
+
+    def fit(model: RewardModel) -> dict:
+        policy, tokenizer = tuned.sft_model(4, cache_dir=cache_dir)[0], base_model(cache_dir=cache_dir)[1]
+        pairs = preference.mistake_pairs(policy, tokenizer, sft.examples("questions", 600, seed=1))[:n_pairs]
+        return {"loss": train(model, tokenizer, pairs, steps=steps, lr=1e-3)}
+
+    name = f"reward-{n_pairs or 'all'}-{steps}-{Recipe().key}"
+    return tuned._tuned(name, lambda: RewardModel(tuned.sft_model(None, cache_dir=cache_dir)[0]), fit, cache_dir)
