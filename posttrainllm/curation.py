@@ -78,16 +78,17 @@ def stages() -> dict[str, list[int]]:
 def stage_model(stage: str, steps: int = 500, cache_dir: Path | None = None):
     """Module 9's LoRA r=4 SFT (same steps, rate and seed, the default base recipe) on one stage's
     rows; cached. Returns ``(model, history)``."""
-    from posttrainllm import tuned  # tuned builds on pretrained, which lists this module's models
+    from posttrainllm import tuned  # pretrained lists this module's models, so it is imported when needed
+    from posttrainllm.pretrained import Recipe, base_model
 
-    recipe = tuned.Recipe()
+    recipe = Recipe()
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}: choose one of {STAGES}")
     rows, _ = planted()
     train_set = [rows[i] for i in stages()[stage]]
 
     def fit(model):
-        tokenizer = tuned.base_model(recipe, cache_dir)[1]
+        tokenizer = base_model(recipe, cache_dir)[1]
         return {"loss": sft.train_sft(model, tokenizer, train_set, steps=steps, lr=3e-3)}
 
     return tuned._tuned(f"curation-{stage}-r4-{steps}-{recipe.key}", tuned._sft_skeleton(4, recipe, cache_dir),
