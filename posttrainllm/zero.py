@@ -11,8 +11,8 @@ is stage 3). :func:`bytes_per_device` is that count.
 :func:`measure` checks it on real processes: it starts ``world_size`` CPU processes (gloo), trains
 one step of the oracle GPT under ``DistributedDataParallel``, under ``ZeroRedundancyOptimizer``
 (ZeRO-1) and under FSDP2's ``fully_shard`` (ZeRO-3), and sums the bytes of the parameter, gradient
-and optimizer-state tensors each process holds afterwards. PyTorch has no ZeRO-2 outside FSDP1,
-so stage 2 is computed only.
+and optimizer-state tensors each process holds afterwards. PyTorch offers ZeRO-2 only in FSDP1
+(which FSDP2 replaces), so stage 2 is computed only.
 """
 
 from __future__ import annotations
