@@ -17,10 +17,32 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def cpu_model() -> str:
+    """The CPU's name as the OS reports it (Linux's /proc/cpuinfo, else ``platform.processor()``)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def instruction_set() -> str:
+    """The vector instruction set PyTorch's CPU kernels dispatch to here (AVX512, AVX2, DEFAULT, ...),
+    which ``ATEN_CPU_CAPABILITY`` can lower: the same CPU gives different figures under each."""
+    try:
+        import torch
+    except ImportError:
+        return "unknown (no PyTorch)"
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def machine() -> str:
     return (
-        f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}, "
-        f"numpy {np.__version__}"
+        f"{platform.machine()}, {cpu_model()}, {instruction_set()} kernels, {os.cpu_count()} CPU cores, "
+        f"Python {platform.python_version()}, numpy {np.__version__}"
     )
 
 

@@ -51,3 +51,15 @@ def test_benchmark_runs_quickly_and_writes_its_table(script, tmp_path):
 @pytest.mark.parametrize("name", [name for names in [*SCRIPTS.values(), *COMMITTED.values()] for name in names])
 def test_committed_results_exist_for_the_book(name):
     assert (ROOT / "benchmarks" / "results" / f"{name}.json").is_file()
+
+
+def test_result_files_name_the_cpu_and_its_instruction_set(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import common
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    path = common.write_result("probe", "a probe", ["a"], [[1]], "", out_dir=tmp_path)
+    described = json.loads(path.read_text())["machine"]
+    assert common.cpu_model() and common.instruction_set()
+    assert common.cpu_model() in described and f"{common.instruction_set()} kernels" in described
