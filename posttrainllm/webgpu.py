@@ -40,6 +40,10 @@ DRIVERS = {
     "lavapipe": "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",  # Debian's mesa-vulkan-drivers
     "swiftshader": "/usr/lib/chromium/vk_swiftshader_icd.json",  # shipped inside Debian's chromium
 }
+# The most private-array memory per invocation the book dispatches: the naive attention kernel's
+# rows at MAX_T = 2048 (8,192 bytes of scores and 256 of output), the largest that ran on the
+# H200; at MAX_T = 4096 (16,640 bytes) the H200's Vulkan device was lost. runtime.js holds the same.
+PRIVATE_BYTES_LIMIT = 8448
 _CONST = re.compile(r"^const (\w+): (\w+) = ([^;]+);", re.MULTILINE)
 _BINDING = re.compile(r"@binding\((\d+)\)\s+var<(storage, read_write|storage, read|storage|uniform)>")
 LAYOUT_TYPES = {"storage, read": "read-only-storage", "storage, read_write": "storage", "storage": "read-only-storage",
@@ -58,7 +62,8 @@ def use_driver(name: str) -> None:
 
 
 def variants(kind: str) -> list[dict]:
-    """The kernel variants of ``kind`` ("matmul", "softmax", "attention") that the book races."""
+    """The kernel variants of ``kind`` ("matmul", "softmax", "attention", "attention_backward") that the
+    book races and tests."""
     return json.loads((KERNELS / "kernels.json").read_text(encoding="utf-8"))[kind]
 
 
@@ -158,6 +163,15 @@ def check_shapes(what: str, ndim: int, **arrays) -> None:
             raise ValueError(f"{what}: {name} must have {ndim} dimensions, got shape {x.shape}")
         if 0 in x.shape:
             raise ValueError(f"{what}: {name} is empty (shape {x.shape}); the kernel needs at least one element")
+
+
+def check_private_bytes(file: str, nbytes: int) -> None:
+    """Refuse, before dispatch, a kernel whose private arrays exceed :data:`PRIVATE_BYTES_LIMIT`:
+    a GPU spills them to slow memory, and past the limit a lost device is what was seen."""
+    if nbytes > PRIVATE_BYTES_LIMIT:
+        raise ValueError(f"{file} would keep {nbytes:,} bytes of private arrays per invocation; the book stops at "
+                         f"{PRIVATE_BYTES_LIMIT:,} (the most that ran on an H200; 16,640 lost its device). "
+                         f"FlashAttention-2 keeps no score row and runs at any length")
 
 
 @dataclass
@@ -334,10 +348,41 @@ class GPU:
             raise ValueError(f"{file} is compiled for head size D={consts['D']}, got {d}: pass params={{'D': {d}}}")
         if t > consts.get("MAX_T", t):
             raise ValueError(f"{file} keeps a private score row of MAX_T={consts['MAX_T']} floats; T={t} is longer")
+        check_private_bytes(file, resources(source(file, params))["private_array_bytes"])
         arrays = [np.ascontiguousarray(x, dtype=np.float32) for x in (q, k, v)]
         (o, lse), timing = self.dispatch(file, params, arrays, [((h, t, d), np.float32), ((h, t), np.float32)],
                                          np.array([h, t, 0, 0]), (-(-t // consts["BR"]), h, 1), repeat)
         return o, lse, timing
+
+    def attention_backward(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
+                           do: np.ndarray, params: dict | None = None, repeat: int = 0):
+        """The gradients ``(dq, dk, dv, timing)`` of causal attention with respect to ``(H, T, D)``
+        arrays q, k and v, given the forward pass's output ``o`` and logsumexp ``lse`` and the
+        gradient ``do`` of the loss with respect to ``o``: ``attention_flash2_backward_dq.wgsl``
+        (which also returns each row's ``delta``), then ``attention_flash2_backward_dkdv.wgsl``.
+        ``timing`` is the sum of the two kernels' medians."""
+        import numpy as np
+
+        check_shapes("attention backward", 3, q=q, k=k, v=v, o=o, do=do)
+        if not q.shape == k.shape == v.shape == o.shape == do.shape:
+            raise ValueError(f"attention backward: q, k, v, o and do must have one (heads, length, head size) shape, "
+                             f"got {[x.shape for x in (q, k, v, o, do)]}")
+        h, t, d = q.shape
+        if lse.shape != (h, t):
+            raise ValueError(f"attention backward: lse must have shape {(h, t)} (heads, length), got {lse.shape}")
+        files = ("attention_flash2_backward_dq.wgsl", "attention_flash2_backward_dkdv.wgsl")
+        consts = [self.pipeline(f, params)[2] for f in files]
+        if d != consts[0]["D"]:
+            raise ValueError(f"the backward kernels are written for head size D={consts[0]['D']}, got {d}")
+        q, k, v, o, do = (np.ascontiguousarray(x, dtype=np.float32) for x in (q, k, v, o, do))
+        lse = np.ascontiguousarray(lse, dtype=np.float32)
+        dims = np.array([h, t, 0, 0])
+        (dq, delta), t1 = self.dispatch(files[0], params, [q, k, v, o, do, lse], [((h, t, d), np.float32),
+                                        ((h, t), np.float32)], dims, (-(-t // consts[0]["BR"]), h, 1), repeat)
+        (dk, dv), t2 = self.dispatch(files[1], params, [q, k, v, do, lse, delta], [((h, t, d), np.float32)] * 2,
+                                     dims, (-(-t // consts[1]["BC"]), h, 1), repeat)
+        timing = Timing(t1.median_ms + t2.median_ms, repeat, t1.method) if repeat else None
+        return dq, dk, dv, timing
 
 
 def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -351,6 +396,23 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np
     m = scores.max(-1, keepdims=True)
     p = np.exp(scores - m)
     return (p / p.sum(-1, keepdims=True)) @ v, (m + np.log(p.sum(-1, keepdims=True)))[..., 0]
+
+
+def attention_backward_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                                 do: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(dq, dk, dv)`` of causal softmax attention in float64 numpy, through the whole T x T
+    probability matrix: the backward kernels' oracle."""
+    import numpy as np
+
+    q, k, v, do = (x.astype(np.float64) for x in (q, k, v, do))
+    scale = 1 / np.sqrt(q.shape[-1])
+    t = q.shape[1]
+    scores = np.where(np.tril(np.ones((t, t), dtype=bool)), q @ k.transpose(0, 2, 1) * scale, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = do @ v.transpose(0, 2, 1)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True))  # the softmax's Jacobian applied to dp
+    return ds @ k * scale, ds.transpose(0, 2, 1) @ q * scale, p.transpose(0, 2, 1) @ do
 
 
 def browser_cell(kind: str):

@@ -12,7 +12,7 @@ import pytest
 from posttrainllm import webgpu
 from tests.conftest import require
 
-ALL = [v for kind in ("matmul", "softmax", "attention") for v in webgpu.variants(kind)]
+ALL = [v for kind in ("matmul", "softmax", "attention", "attention_backward") for v in webgpu.variants(kind)]
 
 
 def test_every_kernel_file_is_raced_and_every_raced_file_exists():
@@ -27,6 +27,18 @@ def test_resources_are_read_from_the_source():
     assert wide["workgroup_bytes"] == 65536 and wide["invocations"] == 4096  # over every WebGPU minimum limit
     naive = webgpu.resources(webgpu.source("attention_naive.wgsl", {"MAX_T": 4096}))
     assert naive["private_array_bytes"] == 4096 * 4 + 64 * 4  # the score row and the output row
+    rows = webgpu.resources(webgpu.source("attention_flash2_rows.wgsl"))
+    assert rows == {"invocations": 64, "workgroup_bytes": 2 * 32 * 64 * 4, "private_array_bytes": 0}
+
+
+def test_a_private_row_past_the_limit_is_refused_in_the_readers_words():
+    def private(max_t):
+        return webgpu.resources(webgpu.source("attention_naive.wgsl", {"MAX_T": max_t}))["private_array_bytes"]
+
+    webgpu.check_private_bytes("attention_naive.wgsl", private(2048))  # the largest that ran on the H200
+    assert private(2048) == webgpu.PRIVATE_BYTES_LIMIT
+    with pytest.raises(ValueError, match=r"16,640 bytes of private arrays.*stops at 8,448.*FlashAttention-2"):
+        webgpu.check_private_bytes("attention_naive.wgsl", private(4096))
 
 
 def test_excerpt_names_what_it_cannot_find():
@@ -86,10 +98,17 @@ console.log(JSON.stringify([
   await refuse(() => rt.attention(null, kernel, q, short, short, 4, 16, 64)),
   await refuse(() => rt.matmul(null, kernel, new Float32Array(0), new Float32Array(0), 0, 3, 4)),
   await refuse(() => rt.matmul(null, kernel, new Float32Array(6), new Float32Array(5), 2, 2, 3)),
+  await refuse(() => rt.attention(null, {{consts: {{D: 64, BR: 64, MAX_T: 4096}}}}, q, q, q, 4, 16, 64)),
+  rt.PRIVATE_BYTES_LIMIT,
 ]));
 """)
-    shorter, empty, wrong = json.loads(subprocess.run([node, str(script)], check=True, capture_output=True,
-                                                      text=True).stdout)
+    shorter, empty, wrong, private, limit = json.loads(subprocess.run([node, str(script)], check=True,
+                                                                      capture_output=True, text=True).stdout)
     assert shorter == "attention: k (H x T x D) holds 2048 numbers where its shape needs 4096"
     assert empty == "matmul: m must be a whole number of at least 1, got 0"
     assert wrong == "matmul: B (k x n) holds 5 numbers where its shape needs 6"
+    # refused before any GPU is touched (the kernel has none), with the Python runtime's limit and words
+    assert limit == webgpu.PRIVATE_BYTES_LIMIT
+    with pytest.raises(ValueError) as python_error:
+        webgpu.check_private_bytes("attention_naive.wgsl", 4 * (4096 + 64))
+    assert private == str(python_error.value).replace("attention_naive.wgsl", "the naive kernel")

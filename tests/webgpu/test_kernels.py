@@ -99,6 +99,38 @@ def test_flash_attention_tile_shapes_keep_the_result(gpu, params, d):
     np.testing.assert_allclose(lse, lse_ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("params,heads,t", [({}, 2, 1), ({}, 2, 17), ({}, 3, 100), ({}, 1, 257),
+                                            ({"BR": 16, "BC": 8}, 2, 45), ({"BR": 8, "BC": 16}, 2, 45)])
+def test_flash_attention_backward_matches_numpy(gpu, params, heads, t):
+    q, k, v, do = (np.random.default_rng(t + i).standard_normal((heads, t, 64)).astype(np.float32) for i in range(4))
+    o, lse, _ = gpu.attention(q, k, v, "attention_flash2_rows.wgsl")
+    dq, dk, dv, _ = gpu.attention_backward(q, k, v, o, lse, do, params)
+    for got, exact in zip((dq, dk, dv), webgpu.attention_backward_reference(q, k, v, do), strict=True):
+        assert got.shape == exact.shape and got.dtype == np.float32
+        np.testing.assert_allclose(got, exact, rtol=1e-4, atol=2e-5)
+
+
+def test_the_backward_reference_is_autograds_gradient():
+    torch = pytest.importorskip("torch")
+    q, k, v, do = (torch.randn(2, 9, 16, dtype=torch.float64, requires_grad=i < 3) for i in range(4))
+    torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+    ours = webgpu.attention_backward_reference(*(x.detach().numpy() for x in (q, k, v, do)))
+    for got, x in zip(ours, (q, k, v), strict=True):
+        np.testing.assert_allclose(got, x.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_attention_backward_checks_its_inputs(gpu):
+    q = np.zeros((2, 8, 64), np.float32)
+    lse = np.zeros((2, 8), np.float32)
+    with pytest.raises(ValueError, match="one \\(heads, length, head size\\) shape"):
+        gpu.attention_backward(q, q, q, q, lse, q[:, :4])
+    with pytest.raises(ValueError, match=r"lse must have shape \(2, 8\)"):
+        gpu.attention_backward(q, q, q, q, lse[:, :4], q)
+    with pytest.raises(ValueError, match="written for head size D=64, got 32"):
+        small = np.zeros((2, 8, 32), np.float32)
+        gpu.attention_backward(small, small, small, small, lse, small)
+
+
 def test_attention_refuses_what_its_compiled_shape_cannot_hold(gpu):
     q = np.zeros((1, 40, 32), np.float32)
     with pytest.raises(ValueError, match="head size D=64, got 32"):
@@ -106,6 +138,8 @@ def test_attention_refuses_what_its_compiled_shape_cannot_hold(gpu):
     q = np.zeros((1, 40, 64), np.float32)
     with pytest.raises(ValueError, match="MAX_T=32 floats; T=40"):
         gpu.attention(q, q, q, "attention_naive.wgsl", {"MAX_T": 32})
+    with pytest.raises(ValueError, match="16,640 bytes of private arrays"):  # before dispatch: no lost device
+        gpu.attention(q, q, q, "attention_naive.wgsl", {"MAX_T": 4096})
 
 
 def test_timing_reports_its_method(gpu):

@@ -1,0 +1,140 @@
+// Register-blocked 8 x 8 matmul, double-buffered, with conflict-free writes to workgroup
+// memory: matmul_8x8_buffered.wgsl with the slices of A and B read by different invocations.
+// Row-major f32, C = A @ B; K and N multiples of 4.
+//
+// Workgroup memory is split into 32 banks of 4 bytes; invocations of one warp that write
+// different addresses in the same bank wait for each other. matmul_8x8_buffered.wgsl
+// transposes A on its way in with four 4-byte writes per vec4 read, and the four invocations
+// that read one row of A write into the same bank: each write is 4-way conflicted. Here:
+// - invocations 0 .. 127 each read a 4 x 4 block of A (one vec4 from each of four rows), and
+//   transpose it in registers: four vec4 writes, each a column of four rows, and neighbouring
+//   invocations write neighbouring vec4s — no two in one bank;
+// - invocations 128 .. 255 each read four vec4s of B, already in the layout Bs wants.
+// The split is by warp (32 invocations), so no warp runs both branches. Written out for
+// 128 x 128 x 16 with 256 invocations.
+
+const BM: u32 = 128u;  // rows of C per workgroup: 16 invocations of 8 rows
+const BN: u32 = 128u;  // columns of C per workgroup
+const BK: u32 = 16u;  // depth of each staged slice
+const ALIGN: u32 = 4u;  // K and N must be multiples of this
+const THREADS: u32 = (BM / 8u) * (BN / 8u);
+const BM4: u32 = BM / 4u;
+const BN4: u32 = BN / 4u;
+const BK4: u32 = BK / 4u;
+const STAGE_A: u32 = BK * BM4;  // vec4s in one buffer of As
+const STAGE_B: u32 = BK * BN4;
+
+struct Dims { M: u32, N: u32, K: u32, pad: u32 }
+
+@group(0) @binding(0) var<storage, read> A: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> B: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> C: array<vec4<f32>>;
+@group(0) @binding(3) var<uniform> dims: Dims;
+
+var<workgroup> As: array<vec4<f32>, 2u * STAGE_A>;  // two buffers, four rows of A per vec4
+var<workgroup> Bs: array<vec4<f32>, 2u * STAGE_B>;
+
+fn store(row: u32, col: u32, v: vec4<f32>) {  // one vec4 of C, if it is inside the matrix
+    if (row < dims.M && col < dims.N) { C[row * (dims.N / 4u) + col / 4u] = v; }
+}
+
+fn read_a(row0: u32, t: u32, row: u32, k4: u32) -> vec4<f32> {  // A[row0 + row, t + 4 k4 ..]
+    if (row0 + row < dims.M && t + 4u * k4 < dims.K) { return A[(row0 + row) * (dims.K / 4u) + t / 4u + k4]; }
+    return vec4<f32>(0.0);
+}
+
+fn read_b(col0: u32, t: u32, i: u32) -> vec4<f32> {  // vec4 i of the BK x BN slice of B at depth t
+    let k = i / BN4;
+    let c4 = i % BN4;
+    if (t + k < dims.K && col0 + 4u * c4 < dims.N) { return B[(t + k) * (dims.N / 4u) + col0 / 4u + c4]; }
+    return vec4<f32>(0.0);
+}
+
+// The next slice, as this invocation reads it: four rows of A at one depth, or four vec4s of B.
+fn read_slice(row0: u32, col0: u32, t: u32, tid: u32) -> mat4x4<f32> {
+    if (tid < BM4 * BK4) {
+        let rq = tid % BM4;  // rows 4 rq .. 4 rq + 3
+        let k4 = tid / BM4;
+        return transpose(mat4x4<f32>(read_a(row0, t, 4u * rq, k4), read_a(row0, t, 4u * rq + 1u, k4),
+                                     read_a(row0, t, 4u * rq + 2u, k4), read_a(row0, t, 4u * rq + 3u, k4)));
+    }
+    let j = tid - BM4 * BK4;
+    return mat4x4<f32>(read_b(col0, t, j), read_b(col0, t, j + THREADS / 2u), read_b(col0, t, j + THREADS),
+                       read_b(col0, t, j + 3u * THREADS / 2u));
+}
+
+fn write_slice(stage: u32, tid: u32, x: mat4x4<f32>) {
+    if (tid < BM4 * BK4) {  // column c of the transposed block: rows 4 rq .. 4 rq + 3 at depth 4 k4 + c
+        let base = stage * STAGE_A + 4u * (tid / BM4) * BM4 + tid % BM4;
+        As[base] = x[0];
+        As[base + BM4] = x[1];
+        As[base + 2u * BM4] = x[2];
+        As[base + 3u * BM4] = x[3];
+        return;
+    }
+    let j = stage * STAGE_B + tid - BM4 * BK4;
+    Bs[j] = x[0];
+    Bs[j + THREADS / 2u] = x[1];
+    Bs[j + THREADS] = x[2];
+    Bs[j + 3u * THREADS / 2u] = x[3];
+}
+
+@compute @workgroup_size(BN / 8u, BM / 8u)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) tid: u32) {
+    let row0 = wid.y * BM;
+    let col0 = wid.x * BN;
+    var acc: array<vec4<f32>, 16>;  // acc[2 i + j]: row i of the block, columns 4j .. 4j + 3
+    // slice 0 into buffer 0
+    write_slice(0u, tid, read_slice(row0, col0, 0u, tid));
+    workgroupBarrier();
+    var stage = 0u;
+    for (var t = 0u; t < dims.K; t += BK) {
+        // start reading the next slice; its values are not needed until after the multiply-adds
+        let next = read_slice(row0, col0, t + BK, tid);
+        let a_at = stage * STAGE_A;
+        let b_at = stage * STAGE_B;
+        for (var k = 0u; k < BK; k++) {  // a0, a1: 8 rows of A's column k; b0, b1: 8 columns of B's row k
+            let a0 = As[a_at + k * BM4 + lid.y * 2u];
+            let a1 = As[a_at + k * BM4 + lid.y * 2u + 1u];
+            let b0 = Bs[b_at + k * BN4 + lid.x * 2u];
+            let b1 = Bs[b_at + k * BN4 + lid.x * 2u + 1u];
+            acc[0] = fma(vec4<f32>(a0.x), b0, acc[0]);
+            acc[1] = fma(vec4<f32>(a0.x), b1, acc[1]);
+            acc[2] = fma(vec4<f32>(a0.y), b0, acc[2]);
+            acc[3] = fma(vec4<f32>(a0.y), b1, acc[3]);
+            acc[4] = fma(vec4<f32>(a0.z), b0, acc[4]);
+            acc[5] = fma(vec4<f32>(a0.z), b1, acc[5]);
+            acc[6] = fma(vec4<f32>(a0.w), b0, acc[6]);
+            acc[7] = fma(vec4<f32>(a0.w), b1, acc[7]);
+            acc[8] = fma(vec4<f32>(a1.x), b0, acc[8]);
+            acc[9] = fma(vec4<f32>(a1.x), b1, acc[9]);
+            acc[10] = fma(vec4<f32>(a1.y), b0, acc[10]);
+            acc[11] = fma(vec4<f32>(a1.y), b1, acc[11]);
+            acc[12] = fma(vec4<f32>(a1.z), b0, acc[12]);
+            acc[13] = fma(vec4<f32>(a1.z), b1, acc[13]);
+            acc[14] = fma(vec4<f32>(a1.w), b0, acc[14]);
+            acc[15] = fma(vec4<f32>(a1.w), b1, acc[15]);
+        }
+        // the next slice into the other buffer, which nobody reads in this iteration
+        stage = 1u - stage;
+        write_slice(stage, tid, next);
+        workgroupBarrier();
+    }
+    store(row0 + lid.y * 8u + 0u, col0 + lid.x * 8u + 0u, acc[0]);
+    store(row0 + lid.y * 8u + 0u, col0 + lid.x * 8u + 4u, acc[1]);
+    store(row0 + lid.y * 8u + 1u, col0 + lid.x * 8u + 0u, acc[2]);
+    store(row0 + lid.y * 8u + 1u, col0 + lid.x * 8u + 4u, acc[3]);
+    store(row0 + lid.y * 8u + 2u, col0 + lid.x * 8u + 0u, acc[4]);
+    store(row0 + lid.y * 8u + 2u, col0 + lid.x * 8u + 4u, acc[5]);
+    store(row0 + lid.y * 8u + 3u, col0 + lid.x * 8u + 0u, acc[6]);
+    store(row0 + lid.y * 8u + 3u, col0 + lid.x * 8u + 4u, acc[7]);
+    store(row0 + lid.y * 8u + 4u, col0 + lid.x * 8u + 0u, acc[8]);
+    store(row0 + lid.y * 8u + 4u, col0 + lid.x * 8u + 4u, acc[9]);
+    store(row0 + lid.y * 8u + 5u, col0 + lid.x * 8u + 0u, acc[10]);
+    store(row0 + lid.y * 8u + 5u, col0 + lid.x * 8u + 4u, acc[11]);
+    store(row0 + lid.y * 8u + 6u, col0 + lid.x * 8u + 0u, acc[12]);
+    store(row0 + lid.y * 8u + 6u, col0 + lid.x * 8u + 4u, acc[13]);
+    store(row0 + lid.y * 8u + 7u, col0 + lid.x * 8u + 0u, acc[14]);
+    store(row0 + lid.y * 8u + 7u, col0 + lid.x * 8u + 4u, acc[15]);
+}
