@@ -3,8 +3,9 @@
 - matmul: every variant in ``posttrainllm/assets/webgpu/kernels.json`` at square sizes, GFLOP/s and the largest
   error against a float64 reference; beside ``torch.matmul`` in fp32 with TF32 off when CUDA is
   there (the goal: the best WGSL kernel at 50% of it or more).
-- attention: naive vs FlashAttention-2 causal forward, 8 heads of 64, growing context (the goal:
-  FA2 faster than naive from T = 1024), beside torch's ``scaled_dot_product_attention``.
+- attention: naive vs the two FlashAttention-2 causal forwards, 8 heads of 64, growing context,
+  beside torch's ``scaled_dot_product_attention`` (the goal: within 2x of it); and the FA2
+  backward pass (dQ, dK, dV) beside SDPA's backward through autograd.
 - softmax: safe vs online, rows of growing width.
 
 On a CPU Vulkan driver the figures check correctness only; the tables say so, and their names
@@ -30,7 +31,7 @@ from common import RESULTS, write_result  # noqa: E402
 from posttrainllm import webgpu  # noqa: E402
 
 HEADS, HEAD_SIZE = 8, 64
-TABLES = ("matmul", "attention", "softmax")
+TABLES = ("matmul", "attention", "backward", "softmax")
 
 
 def torch_baselines(sizes: list[int], lengths: list[int], heads: int, d: int, repeat: int) -> dict:
@@ -59,6 +60,14 @@ def torch_baselines(sizes: list[int], lengths: list[int], heads: int, d: int, re
         exact = webgpu.attention_reference(q, k, v)[0]
         err = float(np.abs(sdpa(tq, tk, tv, is_causal=True)[0].cpu().numpy() - exact).max())
         out[f"attention {t}"] = (ms, err)
+        tq, tk, tv = (x.requires_grad_() for x in (tq, tk, tv))
+        o = sdpa(tq, tk, tv, is_causal=True)
+        do = torch.from_numpy(backward_inputs(heads, t, d)[3]).cuda()[None]
+        ms = cuda_ms(torch, lambda o=o, do=do, x=(tq, tk, tv): torch.autograd.grad(o, x, do, retain_graph=True), repeat)
+        grads = torch.autograd.grad(o, (tq, tk, tv), do)
+        exact = webgpu.attention_backward_reference(q, k, v, backward_inputs(heads, t, d)[3])
+        err = max(float(np.abs(g[0].cpu().numpy() - e).max()) for g, e in zip(grads, exact, strict=True))
+        out[f"backward {t}"] = (ms, err)
     return out
 
 
@@ -70,6 +79,12 @@ def matmul_inputs(n: int):
 def attention_inputs(heads: int, t: int, d: int):
     rng = np.random.default_rng(t)
     return tuple(rng.standard_normal((heads, t, d)).astype(np.float32) for _ in range(3))
+
+
+def backward_inputs(heads: int, t: int, d: int):
+    """q, k, v as in :func:`attention_inputs`, and the gradient dO of the loss with respect to the output."""
+    do = np.random.default_rng(t + 1).standard_normal((heads, t, d)).astype(np.float32)
+    return (*attention_inputs(heads, t, d), do)
 
 
 def cuda_ms(torch, fn, repeat: int) -> float:
@@ -131,13 +146,18 @@ def attention_run(file: str, params: dict, t: int, args) -> tuple:
         out, lse = webgpu.attention_reference(q, k, v)
         o, lse_gpu, timing = gpu.attention(q, k, v, file, params, repeat=args.repeat)
         return timing.median_ms, float(max(np.abs(o - out).max(), np.abs(lse_gpu - lse).max())), timing.method
+    except ValueError as err:  # refused before dispatch (the naive kernel's private row at T = 4096)
+        return None, f"not run: {err}", ""
     except Exception as err:  # noqa: BLE001 - wgpu reports a lost device as a validation error
-        return None, str(err).strip().splitlines()[-1].strip(), ""
+        return None, f"failed: {str(err).strip().splitlines()[-1].strip()}", ""
 
 
 def attention_table(gpu: webgpu.GPU, args, lengths: list[int], baselines: dict, suffix: str, context: str) -> None:
     rows = []
     for t in lengths:
+        sdpa = baselines.get(f"attention {t}")
+        if sdpa:
+            rows.append([t, "torch SDPA (CUDA, fp32)", f"{sdpa[0]:.3f}", "1.00", f"{sdpa[1]:.1e}", "CUDA events"])
         times = {}
         for variant in webgpu.variants("attention"):
             params = dict(variant["params"])
@@ -146,23 +166,59 @@ def attention_table(gpu: webgpu.GPU, args, lengths: list[int], baselines: dict, 
             with multiprocessing.get_context("spawn").Pool(1) as pool:
                 ms, err, method = pool.apply(attention_run, (variant["file"], params, t, args))
             if ms is None:
-                rows.append([t, variant["name"], "failed", "-", err])
+                rows.append([t, variant["name"], "-", "-", "-", err])
                 continue
             times[variant["name"]] = ms
-            rows.append([t, variant["name"], f"{ms:.3f}", f"{err:.1e}", method])
-        if len(times) == 2:
-            rows.append([t, "FA2 speed-up over naive", f"{times['naive'] / times['FlashAttention-2']:.2f}x", "-", "-"])
-        if f"attention {t}" in baselines:
-            ms, err = baselines[f"attention {t}"]
-            rows.append([t, "torch SDPA (CUDA, fp32)", f"{ms:.3f}", f"{err:.1e}", "CUDA events"])
+            ratio = f"{ms / sdpa[0]:.2f}" if sdpa else "-"
+            rows.append([t, variant["name"], f"{ms:.3f}", ratio, f"{err:.1e}", method])
+        if "naive" in times:
+            best = min(ms for name, ms in times.items() if name != "naive")
+            rows.append([t, "fastest FA2 speed-up over naive", f"{times['naive'] / best:.2f}x", "-", "-", "-"])
     write_result(
         f"webgpu_attention_{suffix}",
         f"Causal attention forward, {HEADS} heads of {HEAD_SIZE}, WGSL through wgpu-py on {gpu.name}{context}",
-        ["T", "kernel", "ms", "max error", "timing"],
+        ["T", "kernel", "ms", "vs torch SDPA", "max error", "timing"],
         rows,
-        f"Error: the larger of the output's and the logsumexp's, against float64 numpy. The naive kernel's MAX_T is "
-        f"raised to T beyond 1024 (a private row of 4T bytes per invocation); each kernel runs in a fresh process "
-        f"and device. {adapter_note(gpu)}",
+        f"'vs torch SDPA': time over SDPA's, lower is better. Error: the larger of the output's and the logsumexp's, "
+        f"against float64 numpy. The naive kernel's MAX_T is raised to T beyond 1024 (a private row of 4T bytes per "
+        f"invocation) and refused past {webgpu.PRIVATE_BYTES_LIMIT:,} bytes; each kernel runs in a fresh process and "
+        f"device. Median of {args.repeat} runs after a warm-up. {adapter_note(gpu)}",
+        args.out,
+    )
+
+
+def backward_run(t: int, args) -> tuple[float, float, str]:
+    """The backward kernels at one length, in a process of its own: ``(ms, error, method)``."""
+    if args.driver:
+        webgpu.use_driver(args.driver)
+    gpu = webgpu.GPU()
+    q, k, v, do = backward_inputs(HEADS, t, HEAD_SIZE)
+    o, lse, _ = gpu.attention(q, k, v, "attention_flash2_rows.wgsl")
+    dq, dk, dv, timing = gpu.attention_backward(q, k, v, o, lse, do, repeat=args.repeat)
+    exact = webgpu.attention_backward_reference(q, k, v, do)
+    return timing.median_ms, max(float(np.abs(g - e).max()) for g, e in zip((dq, dk, dv), exact, strict=True)), \
+        timing.method
+
+
+def backward_table(gpu: webgpu.GPU, args, lengths: list[int], baselines: dict, suffix: str, context: str) -> None:
+    rows = []
+    for t in lengths:
+        with multiprocessing.get_context("spawn").Pool(1) as pool:  # a fresh process and device, as above
+            ms, err, method = pool.apply(backward_run, (t, args))
+        sdpa = baselines.get(f"backward {t}")
+        if sdpa:
+            rows.append([t, "torch SDPA backward (CUDA, fp32, autograd)", f"{sdpa[0]:.3f}", "1.00", f"{sdpa[1]:.1e}",
+                         "CUDA events"])
+        ratio = f"{ms / sdpa[0]:.2f}" if sdpa else "-"
+        rows.append([t, "FlashAttention-2 backward (dQ, then dK and dV)", f"{ms:.3f}", ratio, f"{err:.1e}", method])
+    write_result(
+        f"webgpu_attention_backward_{suffix}",
+        f"Causal attention backward, {HEADS} heads of {HEAD_SIZE}, WGSL through wgpu-py on {gpu.name}{context}",
+        ["T", "kernel", "ms", "vs torch SDPA", "max error", "timing"],
+        rows,
+        f"dQ, dK and dV from the forward pass's output and logsumexp; error: the largest of the three against "
+        f"float64 numpy through the whole probability matrix. WGSL time: the sum of the two kernels' medians of "
+        f"{args.repeat} runs. {adapter_note(gpu)}",
         args.out,
     )
 
@@ -223,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
         matmul_table(gpu, args, sizes, baselines, suffix, context)
     if "attention" in args.tables:
         attention_table(gpu, args, lengths, baselines, suffix, context)
+    if "backward" in args.tables:
+        backward_table(gpu, args, lengths, baselines, suffix, context)
     if "softmax" in args.tables:
         softmax_table(gpu, args, suffix, context)
 

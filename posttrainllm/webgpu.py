@@ -213,9 +213,13 @@ class GPU:
     def compile(self, wgsl: str, label: str = "kernel"):
         """A compute pipeline for entry point ``main``, its bind group layout derived from the WGSL's
         own declarations, and its constants. A WGSL error raises with the compiler's message (line
-        and column); a kernel needing a missing optional feature says which."""
+        and column); a kernel needing a missing optional feature says which, and one whose private
+        arrays pass :data:`PRIVATE_BYTES_LIMIT` is refused before the driver compiles it."""
         if "enable f16;" in wgsl and "shader-f16" not in self.features:
             raise RuntimeError(f"{label} needs the WebGPU feature shader-f16, which {self.name} lacks")
+        # before the driver sees it: on the H200 even compiling the naive kernel at MAX_T = 4096 lost
+        # the device, and the lost kernel slowed every kernel timed after it
+        check_private_bytes(label, resources(wgsl)["private_array_bytes"])
         usage = self.wgpu.ShaderStage.COMPUTE
         entries = [{"binding": b, "visibility": usage, "buffer": {"type": t}} for b, t in bindings(wgsl)]
         layout = self.device.create_bind_group_layout(entries=entries)
@@ -348,7 +352,6 @@ class GPU:
             raise ValueError(f"{file} is compiled for head size D={consts['D']}, got {d}: pass params={{'D': {d}}}")
         if t > consts.get("MAX_T", t):
             raise ValueError(f"{file} keeps a private score row of MAX_T={consts['MAX_T']} floats; T={t} is longer")
-        check_private_bytes(file, resources(source(file, params))["private_array_bytes"])
         arrays = [np.ascontiguousarray(x, dtype=np.float32) for x in (q, k, v)]
         (o, lse), timing = self.dispatch(file, params, arrays, [((h, t, d), np.float32), ((h, t), np.float32)],
                                          np.array([h, t, 0, 0]), (-(-t // consts["BR"]), h, 1), repeat)

@@ -90,15 +90,17 @@ def test_the_javascript_runtime_checks_shapes_before_dispatch(tmp_path):
     require(node is not None, "node (apt-get install nodejs)")
     script = tmp_path / "shapes.mjs"
     script.write_text(f"""
+import {{readFileSync}} from "node:fs";
 import * as rt from {json.dumps((webgpu.KERNELS / "runtime.js").as_uri())};
 const kernel = {{consts: {{D: 64, BR: 16, BM: 16, BN: 16}}}};
 const refuse = async (f) => {{ try {{ await f(); return "accepted"; }} catch (err) {{ return err.message; }} }};
 const q = new Float32Array(4 * 16 * 64), short = new Float32Array(4 * 8 * 64);
+const naive = readFileSync({json.dumps(str(webgpu.KERNELS / "attention_naive.wgsl"))}, "utf8");
 console.log(JSON.stringify([
   await refuse(() => rt.attention(null, kernel, q, short, short, 4, 16, 64)),
   await refuse(() => rt.matmul(null, kernel, new Float32Array(0), new Float32Array(0), 0, 3, 4)),
   await refuse(() => rt.matmul(null, kernel, new Float32Array(6), new Float32Array(5), 2, 2, 3)),
-  await refuse(() => rt.attention(null, {{consts: {{D: 64, BR: 64, MAX_T: 4096}}}}, q, q, q, 4, 16, 64)),
+  await refuse(() => rt.compile(null, rt.withParams(naive, {{MAX_T: 4096}}), "naive")),
   rt.PRIVATE_BYTES_LIMIT,
 ]));
 """)
@@ -107,7 +109,7 @@ console.log(JSON.stringify([
     assert shorter == "attention: k (H x T x D) holds 2048 numbers where its shape needs 4096"
     assert empty == "matmul: m must be a whole number of at least 1, got 0"
     assert wrong == "matmul: B (k x n) holds 5 numbers where its shape needs 6"
-    # refused before any GPU is touched (the kernel has none), with the Python runtime's limit and words
+    # refused before any GPU is touched (there is none here), with the Python runtime's limit and words
     assert limit == webgpu.PRIVATE_BYTES_LIMIT
     with pytest.raises(ValueError) as python_error:
         webgpu.check_private_bytes("attention_naive.wgsl", 4 * (4096 + 64))

@@ -161,9 +161,9 @@ async function attentionRace(rt, gpu, files, variants, list, output, status, run
       status.textContent = `T = ${len}: ${variant.name}...`;
       const params = {...variant.params};
       if (variant.file.includes("naive")) params.MAX_T = Math.max(1024, len);  // the private row must hold T scores
-      const kernel = await rt.compile(gpu, rt.withParams(files[variant.file], params), variant.name);
       let measured;
       try {
+        const kernel = await rt.compile(gpu, rt.withParams(files[variant.file], params), variant.name);
         measured = await rt.attention(gpu, kernel, q, k, v, h, len, d, 3);
       } catch (err) {
         if (!(err instanceof rt.TooMuchPrivateMemory)) throw err;

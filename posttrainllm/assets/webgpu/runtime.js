@@ -63,12 +63,29 @@ export function bindings(src) {
   return [...src.matchAll(BINDING)].map((m) => [Number(m[1]), LAYOUT[m[2]]]).sort((a, b) => a[0] - b[0]);
 }
 
+// The most private-array memory per invocation the book dispatches, as in webgpu.py: the naive
+// kernel's rows at MAX_T = 2048, the largest that ran on an H200 (at 4096 its device was lost).
+export const PRIVATE_BYTES_LIMIT = 8448;
+
+export class TooMuchPrivateMemory extends Error {
+  constructor(bytes) {
+    super(`the naive kernel would keep ${bytes.toLocaleString("en")} bytes of private arrays per invocation; the book ` +
+          `stops at ${PRIVATE_BYTES_LIMIT.toLocaleString("en")} (the most that ran on an H200; 16,640 lost its device). ` +
+          "FlashAttention-2 keeps no score row and runs at any length");
+  }
+}
+
 // Compile a kernel; WGSL errors (with line and column) and validation errors are thrown, never
 // swallowed: a layout that disagreed with the shader would otherwise be a silent wrong answer.
 export async function compile(gpu, src, label = "kernel") {
   if (src.includes("enable f16;") && !gpu.features.has("shader-f16")) {
     throw new Error(`${label} needs the WebGPU feature shader-f16, which this GPU does not offer`);
   }
+  const consts = constants(src);
+  // the naive kernel's private arrays, its score row (MAX_T floats) and output row (D floats), checked
+  // before the driver sees the kernel: on an H200 even compiling it at MAX_T = 4096 lost the device
+  const privateBytes = consts.MAX_T ? 4 * (consts.MAX_T + consts.D) : 0;
+  if (privateBytes > PRIVATE_BYTES_LIMIT) throw new TooMuchPrivateMemory(privateBytes);
   const {device} = gpu;
   device.pushErrorScope("validation");
   const module = device.createShaderModule({code: src, label});
@@ -85,7 +102,7 @@ export async function compile(gpu, src, label = "kernel") {
   });
   const error = await device.popErrorScope();
   if (error) throw new Error(`${label}: ${error.message}`);
-  return {pipeline, layout, consts: constants(src), f16: src.includes("enable f16;"), label};
+  return {pipeline, layout, consts, f16: src.includes("enable f16;"), label};
 }
 
 function median(values) {
@@ -257,18 +274,6 @@ export async function matmul(gpu, kernel, a, b, m, n, k, repeat = 0) {
 }
 
 // Causal attention of (H, T, D) Float32Arrays. Returns {o, lse, timing}.
-// The most private-array memory per invocation the book dispatches, as in webgpu.py: the naive
-// kernel's rows at MAX_T = 2048, the largest that ran on an H200 (at 4096 its device was lost).
-export const PRIVATE_BYTES_LIMIT = 8448;
-
-export class TooMuchPrivateMemory extends Error {
-  constructor(bytes) {
-    super(`the naive kernel would keep ${bytes.toLocaleString("en")} bytes of private arrays per invocation; the book ` +
-          `stops at ${PRIVATE_BYTES_LIMIT.toLocaleString("en")} (the most that ran on an H200; 16,640 lost its device). ` +
-          "FlashAttention-2 keeps no score row and runs at any length");
-  }
-}
-
 export async function attention(gpu, kernel, q, k, v, h, t, d, repeat = 0) {
   // causal self-attention: keys and values are as long as the queries
   checkShapes("attention", {heads: h, length: t, "head size": d},
@@ -277,9 +282,6 @@ export async function attention(gpu, kernel, q, k, v, h, t, d, repeat = 0) {
   if (kernel.consts.MAX_T && t > kernel.consts.MAX_T) {
     throw new Error(`the naive kernel keeps a private score row of MAX_T=${kernel.consts.MAX_T} floats; T=${t} is longer`);
   }
-  // the naive kernel's private arrays: its score row (MAX_T floats) and output row (D floats)
-  const privateBytes = kernel.consts.MAX_T ? 4 * (kernel.consts.MAX_T + d) : 0;
-  if (privateBytes > PRIVATE_BYTES_LIMIT) throw new TooMuchPrivateMemory(privateBytes);
   const {outputs, timing} = await run(gpu, kernel, {
     inputs: [q, k, v], outputs: [h * t * d * 4, h * t * 4], uniform: new Uint32Array([h, t, 0, 0]),
     grid: [Math.ceil(t / kernel.consts.BR), h, 1], repeat,
