@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import multiprocessing
+import statistics
 import sys
 from pathlib import Path
 
@@ -101,50 +103,90 @@ def cuda_ms(torch, fn, repeat: int) -> float:
     return float(np.median(times))
 
 
-def matmul_table(gpu: webgpu.GPU, args, sizes: list[int], baselines: dict, suffix: str, context: str) -> None:
+def open_gpu(args) -> webgpu.GPU:
+    if args.driver:
+        webgpu.use_driver(args.driver)
+    return webgpu.GPU()
+
+
+def adapter_facts(args) -> dict:
+    """Name, info and features of the adapter, read in a process of its own like every measurement."""
+    gpu = open_gpu(args)
+    return {"name": gpu.name, "info": gpu.info, "features": sorted(gpu.features)}
+
+
+def matmul_run(file: str, params: str, n: int, args) -> tuple:
+    """One matmul kernel at one size, in a process of its own: ``(ms, error, method)``."""
+    gpu = open_gpu(args)
+    a, b = matmul_inputs(n)
+    c, timing = gpu.matmul(a, b, file, json.loads(params), repeat=args.repeat)
+    weights = b.astype(np.float16) if "f16" in file else b  # f16 kernels: compared with B as they store it
+    return timing.median_ms, float(np.abs(c - a.astype(np.float64) @ weights.astype(np.float64)).max()), timing.method
+
+
+def matmul_table(adapter: dict, args, sizes: list[int], baselines: dict, suffix: str, context: str) -> None:
+    variants = webgpu.variants("matmul")
+    ready = [v for v in variants if not v.get("feature") or v["feature"] in adapter["features"]]
+    measured = in_rounds(matmul_run, [(v["file"], json.dumps(v["params"], sort_keys=True), n)
+                                      for n in sizes for v in ready], args)
     rows = []
-    best = {}
     for n in sizes:
-        a, b = matmul_inputs(n)
-        reference = a.astype(np.float64) @ b.astype(np.float64)
-        flop = 2 * n**3
         torch_gflops = None
         if f"matmul {n}" in baselines:
             torch_gflops, err = baselines[f"matmul {n}"]
             rows.append([n, "torch.matmul (CUDA, fp32, TF32 off)", f"{torch_gflops:,.0f}", "1.00", f"{err:.1e}",
                          "CUDA events"])
-        for v in webgpu.variants("matmul"):
-            if v.get("feature") and v["feature"] not in gpu.features:
+        for v in variants:
+            if v not in ready:
                 rows.append([n, v["name"], "-", "-", "-", f"needs {v['feature']}"])
                 continue
-            c, timing = gpu.matmul(a, b, v["file"], v["params"], repeat=args.repeat)
-            exact = reference if "f16" not in v["file"] else a.astype(np.float64) @ b.astype(np.float16).astype(float)
-            gflops = flop / timing.median_ms / 1e6
-            best[n] = max(best.get(n, 0.0), gflops)
+            ms, err, method = measured[v["file"], json.dumps(v["params"], sort_keys=True), n]
+            gflops = 2 * n**3 / ms / 1e6
             ratio = f"{gflops / torch_gflops:.2f}" if torch_gflops else "-"
-            rows.append([n, v["name"], f"{gflops:,.1f}", ratio, f"{np.abs(c - exact).max():.1e}", timing.method])
+            rows.append([n, v["name"], f"{gflops:,.1f}", ratio, f"{err:.1e}", method])
     write_result(
         f"webgpu_matmul_{suffix}",
-        f"WGSL matmul through wgpu-py on {gpu.name}{context}",
+        f"WGSL matmul through wgpu-py on {adapter['name']}{context}",
         ["n", "kernel", "GFLOP/s", "vs torch", "max error", "timing"],
         rows,
-        f"Square n x n fp32 (f16 kernels: B rounded to f16, compared with the same rounding). Median of "
-        f"{args.repeat} runs after a warm-up. {adapter_note(gpu)}",
+        f"Square n x n fp32 (f16 kernels: B rounded to f16, compared with the same rounding). Each kernel and size "
+        f"in a fresh process and device. {timing_note(args)} {adapter_note(adapter)}",
         args.out,
     )
 
 
-def attention_run(file: str, params: dict, t: int, args) -> tuple:
+def timing_note(args) -> str:
+    runs = f"the median of {args.repeat} runs after a warm-up"
+    if args.rounds == 1:
+        return f"Each time: {runs}."
+    return f"Each time: the median over {args.rounds} rounds, in which every kernel takes its turn, of {runs}."
+
+
+def in_rounds(fn, items: list, args) -> dict:
+    """``fn(item, args)`` -> ``(ms, error, method)`` for every item, each call in a fresh process,
+    over ``args.rounds`` rounds with the items in turn; per item the median ms, or the first failure."""
+    runs: dict = {}
+    for _ in range(args.rounds):
+        for item in items:
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                runs.setdefault(item, []).append(pool.apply(fn, (*item, args)))
+    out = {}
+    for item, results in runs.items():
+        failed = [r for r in results if r[0] is None]
+        out[item] = failed[0] if failed else (statistics.median(r[0] for r in results), max(r[1] for r in results),
+                                              results[0][2])
+    return out
+
+
+def attention_run(file: str, params: str, t: int, args) -> tuple:
     """One attention kernel at one length, in a process of its own: ``(ms, error, method)`` or
     ``(None, reason, "")`` when the device is lost (the naive kernel's private row at T = 4096 did
     that on the H200), so one crash cannot take the rest of the table with it."""
-    if args.driver:
-        webgpu.use_driver(args.driver)
     try:
-        gpu = webgpu.GPU()
+        gpu = open_gpu(args)
         q, k, v = attention_inputs(HEADS, t, HEAD_SIZE)
         out, lse = webgpu.attention_reference(q, k, v)
-        o, lse_gpu, timing = gpu.attention(q, k, v, file, params, repeat=args.repeat)
+        o, lse_gpu, timing = gpu.attention(q, k, v, file, json.loads(params), repeat=args.repeat)
         return timing.median_ms, float(max(np.abs(o - out).max(), np.abs(lse_gpu - lse).max())), timing.method
     except ValueError as err:  # refused before dispatch (the naive kernel's private row at T = 4096)
         return None, f"not run: {err}", ""
@@ -152,19 +194,23 @@ def attention_run(file: str, params: dict, t: int, args) -> tuple:
         return None, f"failed: {str(err).strip().splitlines()[-1].strip()}", ""
 
 
-def attention_table(gpu: webgpu.GPU, args, lengths: list[int], baselines: dict, suffix: str, context: str) -> None:
+def attention_table(adapter: dict, args, lengths: list[int], baselines: dict, suffix: str, context: str) -> None:
+    items = []
+    for t in lengths:
+        for variant in webgpu.variants("attention"):
+            params = dict(variant["params"])
+            if "naive" in variant["file"]:
+                params["MAX_T"] = max(t, 1024)  # the private score row must hold the whole context
+            items.append((variant["file"], json.dumps(params, sort_keys=True), t))
+    measured = in_rounds(attention_run, items, args)
     rows = []
     for t in lengths:
         sdpa = baselines.get(f"attention {t}")
         if sdpa:
             rows.append([t, "torch SDPA (CUDA, fp32)", f"{sdpa[0]:.3f}", "1.00", f"{sdpa[1]:.1e}", "CUDA events"])
         times = {}
-        for variant in webgpu.variants("attention"):
-            params = dict(variant["params"])
-            if "naive" in variant["file"]:
-                params["MAX_T"] = max(t, 1024)  # the private score row must hold the whole context
-            with multiprocessing.get_context("spawn").Pool(1) as pool:
-                ms, err, method = pool.apply(attention_run, (variant["file"], params, t, args))
+        for variant, item in zip(webgpu.variants("attention"), [i for i in items if i[2] == t], strict=True):
+            ms, err, method = measured[item]
             if ms is None:
                 rows.append([t, variant["name"], "-", "-", "-", err])
                 continue
@@ -176,22 +222,20 @@ def attention_table(gpu: webgpu.GPU, args, lengths: list[int], baselines: dict, 
             rows.append([t, "fastest FA2 speed-up over naive", f"{times['naive'] / best:.2f}x", "-", "-", "-"])
     write_result(
         f"webgpu_attention_{suffix}",
-        f"Causal attention forward, {HEADS} heads of {HEAD_SIZE}, WGSL through wgpu-py on {gpu.name}{context}",
+        f"Causal attention forward, {HEADS} heads of {HEAD_SIZE}, WGSL through wgpu-py on {adapter['name']}{context}",
         ["T", "kernel", "ms", "vs torch SDPA", "max error", "timing"],
         rows,
         f"'vs torch SDPA': time over SDPA's, lower is better. Error: the larger of the output's and the logsumexp's, "
         f"against float64 numpy. The naive kernel's MAX_T is raised to T beyond 1024 (a private row of 4T bytes per "
         f"invocation) and refused past {webgpu.PRIVATE_BYTES_LIMIT:,} bytes; each kernel runs in a fresh process and "
-        f"device. Median of {args.repeat} runs after a warm-up. {adapter_note(gpu)}",
+        f"device. {timing_note(args)} {adapter_note(adapter)}",
         args.out,
     )
 
 
 def backward_run(t: int, args) -> tuple[float, float, str]:
     """The backward kernels at one length, in a process of its own: ``(ms, error, method)``."""
-    if args.driver:
-        webgpu.use_driver(args.driver)
-    gpu = webgpu.GPU()
+    gpu = open_gpu(args)
     q, k, v, do = backward_inputs(HEADS, t, HEAD_SIZE)
     o, lse, _ = gpu.attention(q, k, v, "attention_flash2_rows.wgsl")
     dq, dk, dv, timing = gpu.attention_backward(q, k, v, o, lse, do, repeat=args.repeat)
@@ -200,11 +244,11 @@ def backward_run(t: int, args) -> tuple[float, float, str]:
         timing.method
 
 
-def backward_table(gpu: webgpu.GPU, args, lengths: list[int], baselines: dict, suffix: str, context: str) -> None:
+def backward_table(adapter: dict, args, lengths: list[int], baselines: dict, suffix: str, context: str) -> None:
+    measured = in_rounds(backward_run, [(t,) for t in lengths], args)  # fresh processes, as above
     rows = []
     for t in lengths:
-        with multiprocessing.get_context("spawn").Pool(1) as pool:  # a fresh process and device, as above
-            ms, err, method = pool.apply(backward_run, (t, args))
+        ms, err, method = measured[t,]
         sdpa = baselines.get(f"backward {t}")
         if sdpa:
             rows.append([t, "torch SDPA backward (CUDA, fp32, autograd)", f"{sdpa[0]:.3f}", "1.00", f"{sdpa[1]:.1e}",
@@ -213,17 +257,19 @@ def backward_table(gpu: webgpu.GPU, args, lengths: list[int], baselines: dict, s
         rows.append([t, "FlashAttention-2 backward (dQ, then dK and dV)", f"{ms:.3f}", ratio, f"{err:.1e}", method])
     write_result(
         f"webgpu_attention_backward_{suffix}",
-        f"Causal attention backward, {HEADS} heads of {HEAD_SIZE}, WGSL through wgpu-py on {gpu.name}{context}",
+        f"Causal attention backward, {HEADS} heads of {HEAD_SIZE}, WGSL through wgpu-py on {adapter['name']}{context}",
         ["T", "kernel", "ms", "vs torch SDPA", "max error", "timing"],
         rows,
         f"dQ, dK and dV from the forward pass's output and logsumexp; error: the largest of the three against "
-        f"float64 numpy through the whole probability matrix. WGSL time: the sum of the two kernels' medians of "
-        f"{args.repeat} runs. {adapter_note(gpu)}",
+        f"float64 numpy through the whole probability matrix. WGSL time: the sum of the two kernels' times. "
+        f"{timing_note(args)} {adapter_note(adapter)}",
         args.out,
     )
 
 
-def softmax_table(gpu: webgpu.GPU, args, suffix: str, context: str) -> None:
+def softmax_run(args) -> tuple[list, int]:
+    """The softmax rows, measured in a process of its own."""
+    gpu = open_gpu(args)
     widths = [256, 1024] if args.quick else [1024, 4096, 16384]
     rows_n = 64 if args.quick else 1024
     rng = np.random.default_rng(2)
@@ -236,18 +282,24 @@ def softmax_table(gpu: webgpu.GPU, args, suffix: str, context: str) -> None:
             y, timing = gpu.softmax(x, variant["file"], variant["params"], repeat=args.repeat)
             rows.append([cols, variant["name"], f"{timing.median_ms:.3f}", f"{np.abs(y - exact).max():.1e}",
                          timing.method])
+    return rows, rows_n
+
+
+def softmax_table(adapter: dict, args, suffix: str, context: str) -> None:
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        rows, rows_n = pool.apply(softmax_run, (args,))
     write_result(
         f"webgpu_softmax_{suffix}",
-        f"Row softmax of {rows_n} rows, WGSL through wgpu-py on {gpu.name}{context}",
+        f"Row softmax of {rows_n} rows, WGSL through wgpu-py on {adapter['name']}{context}",
         ["columns", "kernel", "ms", "max error", "timing"],
         rows,
-        f"Inputs scaled by 20 so that exp without the maximum subtracted would overflow. {adapter_note(gpu)}",
+        f"Inputs scaled by 20 so that exp without the maximum subtracted would overflow. {adapter_note(adapter)}",
         args.out,
     )
 
 
-def adapter_note(gpu: webgpu.GPU) -> str:
-    info = gpu.info
+def adapter_note(adapter: dict) -> str:
+    info = adapter["info"]
     return (f"Adapter: {info.get('device')} ({info.get('adapter_type')}), {info.get('backend_type')}, "
             f"driver {info.get('description') or info.get('vendor')}; measured {datetime.date.today().isoformat()}.")
 
@@ -256,12 +308,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--driver", choices=sorted(webgpu.DRIVERS), help="a CPU Vulkan driver (default: the system's)")
     parser.add_argument("--quick", action="store_true", help="small sizes, few runs (a smoke test)")
-    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=10, help="timed runs per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="measurements per kernel, kernels in turn")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="which tables to measure")
     args = parser.parse_args(argv)
     if args.quick:
-        args.repeat = 2
+        args.repeat, args.rounds = 2, 1
     if args.driver:
         webgpu.use_driver(args.driver)
     cpu = args.driver is not None
@@ -271,19 +324,19 @@ def main(argv: list[str] | None = None) -> None:
     if not cpu:  # before wgpu starts, in a process of its own
         with multiprocessing.get_context("spawn").Pool(1) as pool:
             baselines = pool.apply(torch_baselines, (sizes, lengths, HEADS, HEAD_SIZE, args.repeat))
-    gpu = webgpu.GPU()
-    if (gpu.info.get("adapter_type") == "CPU") != cpu:
-        raise SystemExit(f"--driver says {'a CPU driver' if cpu else 'a GPU'}, but the adapter is {gpu.name}")
+    with multiprocessing.get_context("spawn").Pool(1) as pool:  # this process never opens a device
+        adapter = pool.apply(adapter_facts, (args,))
+    if (adapter["info"].get("adapter_type") == "CPU") != cpu:
+        raise SystemExit(f"--driver says {'a CPU driver' if cpu else 'a GPU'}, but the adapter is {adapter['name']}")
     suffix, context = ("cpu", " (a CPU driver: correctness only, not GPU speed)") if cpu else ("gpu", "")
     if "matmul" in args.tables:
-        matmul_table(gpu, args, sizes, baselines, suffix, context)
+        matmul_table(adapter, args, sizes, baselines, suffix, context)
     if "attention" in args.tables:
-        attention_table(gpu, args, lengths, baselines, suffix, context)
+        attention_table(adapter, args, lengths, baselines, suffix, context)
     if "backward" in args.tables:
-        backward_table(gpu, args, lengths, baselines, suffix, context)
+        backward_table(adapter, args, lengths, baselines, suffix, context)
     if "softmax" in args.tables:
-        softmax_table(gpu, args, suffix, context)
-
+        softmax_table(adapter, args, suffix, context)
 
 if __name__ == "__main__":
     main()

@@ -194,7 +194,8 @@ class GPU:
         self.info = dict(adapter.info)
         self.features = set(adapter.features)
         wanted = [f for f in ("shader-f16", "timestamp-query") if f in self.features]
-        limits = {k: adapter.limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size")}
+        limits = {k: adapter.limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
+                                                 "max-compute-workgroup-storage-size")}
         self.device = adapter.request_device_sync(required_features=wanted, required_limits=limits)
         self.limits = dict(self.device.limits)
         self._pipelines: dict = {}
@@ -219,7 +220,12 @@ class GPU:
             raise RuntimeError(f"{label} needs the WebGPU feature shader-f16, which {self.name} lacks")
         # before the driver sees it: on the H200 even compiling the naive kernel at MAX_T = 4096 lost
         # the device, and the lost kernel slowed every kernel timed after it
-        check_private_bytes(label, resources(wgsl)["private_array_bytes"])
+        needs = resources(wgsl)
+        check_private_bytes(label, needs["private_array_bytes"])
+        offered = self.limits["max-compute-workgroup-storage-size"]
+        if needs["workgroup_bytes"] > offered:
+            raise RuntimeError(f"{label} needs {needs['workgroup_bytes']:,} bytes of workgroup memory; {self.name} "
+                               f"offers {offered:,}")
         usage = self.wgpu.ShaderStage.COMPUTE
         entries = [{"binding": b, "visibility": usage, "buffer": {"type": t}} for b, t in bindings(wgsl)]
         layout = self.device.create_bind_group_layout(entries=entries)
@@ -427,7 +433,8 @@ def browser_cell(kind: str):
 
     if kind not in ("matmul", "attention"):
         raise ValueError(f"no browser cell for {kind!r}; choose 'matmul' or 'attention'")
-    chosen = variants(kind)
+    chosen = [{**v, "workgroup_bytes": resources(source(v["file"], v["params"]))["workgroup_bytes"]}
+              for v in variants(kind)]  # so the page can skip, with the reason, what its GPU cannot hold
     files = {name: (KERNELS / name).read_text(encoding="utf-8") for name in ("runtime.js", "cells.js")}
     files.update({v["file"]: (KERNELS / v["file"]).read_text(encoding="utf-8") for v in chosen})
     payload = json.dumps({"files": files, "config": {"kind": kind, "variants": chosen}}, sort_keys=True)

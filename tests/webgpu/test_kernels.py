@@ -142,6 +142,14 @@ def test_attention_refuses_what_its_compiled_shape_cannot_hold(gpu):
         gpu.attention(q, q, q, "attention_naive.wgsl", {"MAX_T": 4096})
 
 
+def test_a_kernel_needing_more_workgroup_memory_than_offered_says_so(gpu):
+    offered = gpu.limits["max-compute-workgroup-storage-size"]
+    assert webgpu.resources(webgpu.source("matmul_8x8_unrolled_buffered.wgsl"))["workgroup_bytes"] <= offered
+    wide = {"BR": 128, "BC": 128}  # 3 * 128 * 64 * 4 + 128 * 128 * 4 bytes: past any adapter's limit
+    with pytest.raises(RuntimeError, match=rf"needs 163,840 bytes of workgroup memory; .* offers {offered:,}"):
+        gpu.pipeline("attention_flash2.wgsl", wide)
+
+
 def test_timing_reports_its_method(gpu):
     a = np.ones((64, 64), np.float32)
     c, timing = gpu.matmul(a, a, "matmul_tiled.wgsl", repeat=3)

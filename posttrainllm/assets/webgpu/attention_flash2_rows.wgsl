@@ -47,13 +47,16 @@ fn v_part(j: u32, part: u32) -> mat4x4<f32> {
     return mat4x4<f32>(Vs[b], Vs[b + 1u], Vs[b + 2u], Vs[b + 3u]);
 }
 
-fn dot16(a: mat4x4<f32>, b: mat4x4<f32>) -> f32 {  // the dot product of 16 numbers
-    let s = a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3];
-    return s.x + s.y + s.z + s.w;
-}
-
+// q . k for staged key j: 64 products summed into four lanes, then the lanes added once
 fn score(q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32>, j: u32) -> f32 {
-    return dot16(q0, k_part(j, 0u)) + dot16(q1, k_part(j, 1u)) + dot16(q2, k_part(j, 2u)) + dot16(q3, k_part(j, 3u));
+    let k0 = k_part(j, 0u);
+    let k1 = k_part(j, 1u);
+    let k2 = k_part(j, 2u);
+    let k3 = k_part(j, 3u);
+    let s = q0[0] * k0[0] + q0[1] * k0[1] + q0[2] * k0[2] + q0[3] * k0[3] + q1[0] * k1[0] + q1[1] * k1[1]
+        + q1[2] * k1[2] + q1[3] * k1[3] + q2[0] * k2[0] + q2[1] * k2[1] + q2[2] * k2[2] + q2[3] * k2[3]
+        + q3[0] * k3[0] + q3[1] * k3[1] + q3[2] * k3[2] + q3[3] * k3[3];
+    return s.x + s.y + s.z + s.w;
 }
 
 // o plus keys j .. j + 3's V rows (this part of them) weighted by p

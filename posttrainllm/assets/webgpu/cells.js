@@ -82,6 +82,17 @@ export async function mount(root, rt, files, config) {
 
 class Stopped extends Error {}
 
+// Why this GPU cannot run a kernel variant (an optional feature, or more workgroup memory than it
+// has; the cell's config carries each variant's need, read from its source), or null.
+function missing(gpu, variant) {
+  if (variant.feature && !gpu.features.has(variant.feature)) return `needs ${variant.feature}, which this GPU lacks`;
+  if (variant.workgroup_bytes > gpu.workgroupBytes) {
+    return `needs ${variant.workgroup_bytes.toLocaleString("en")} bytes of workgroup memory; this GPU offers ` +
+      gpu.workgroupBytes.toLocaleString("en");
+  }
+  return null;
+}
+
 // Called between kernels: a kernel already on the GPU cannot be interrupted, so Stop takes effect
 // when it returns.
 function checkpoint(run) {
@@ -120,8 +131,9 @@ async function matmulRace(rt, gpu, files, variants, list, output, status, run) {
     for (const v of variants) {
       checkpoint(run);
       status.textContent = `n = ${n}: ${v.name}...`;
-      if (v.feature && !gpu.features.has(v.feature)) {
-        rows.push({n, kernel: v.name, skipped: `needs ${v.feature}, which this GPU lacks`});
+      const lacking = missing(gpu, v);
+      if (lacking) {
+        rows.push({n, kernel: v.name, skipped: lacking});
         continue;
       }
       const kernel = await rt.compile(gpu, rt.withParams(files[v.file], v.params), v.name);
@@ -159,6 +171,12 @@ async function attentionRace(rt, gpu, files, variants, list, output, status, run
     for (const variant of variants) {
       checkpoint(run);
       status.textContent = `T = ${len}: ${variant.name}...`;
+      const lacking = missing(gpu, variant);
+      if (lacking) {
+        results.push({t: len, kernel: variant.name, skipped: lacking});
+        add(len, variant.name, "-", "-", `not run: ${lacking}`);
+        continue;
+      }
       const params = {...variant.params};
       if (variant.file.includes("naive")) params.MAX_T = Math.max(1024, len);  // the private row must hold T scores
       let measured;
@@ -177,7 +195,7 @@ async function attentionRace(rt, gpu, files, variants, list, output, status, run
       add(len, variant.name, timing.ms.toFixed(3), error.toExponential(1), error < 1e-4 ? "✓ matches the CPU" : "✗ WRONG");
     }
   }
-  const timed = results.filter((r) => r.ms !== undefined);
+  const timed = results.filter((r) => r.ms !== undefined);  // refused and skipped kernels have no time
   plot.append(linePlot(timed));
   const longest = Math.max(...list);
   const flash = timed.filter((r) => r.t === longest && r.kernel !== "naive").sort((x, y) => x.ms - y.ms)[0];

@@ -30,13 +30,18 @@ export async function getDevice({onLost} = {}) {
       "acceleration is turned off). Chrome's chrome://gpu page says why.");
   }
   const wanted = ["shader-f16", "timestamp-query"].filter((f) => adapter.features.has(f));
-  const device = await adapter.requestDevice({requiredFeatures: wanted});
+  // WebGPU's default is 16 KB of workgroup memory; the double-buffered matmuls need 32, which most
+  // adapters offer when asked: ask for what this one has
+  const workgroupBytes = adapter.limits.maxComputeWorkgroupStorageSize;
+  const device = await adapter.requestDevice({requiredFeatures: wanted,
+                                              requiredLimits: {maxComputeWorkgroupStorageSize: workgroupBytes}});
   device.lost.then((info) => {
     if (info.reason !== "destroyed" && onLost) onLost(`The GPU device was lost (${info.message || info.reason}).`);
   });
   const info = adapter.info || {};
   const name = [info.vendor, info.architecture, info.device, info.description].filter(Boolean).join(" ") || "unknown GPU";
-  return {adapter, device, features: new Set(wanted), name, fallback: Boolean(adapter.isFallbackAdapter ?? info.isFallbackAdapter)};
+  return {adapter, device, features: new Set(wanted), name, workgroupBytes,
+          fallback: Boolean(adapter.isFallbackAdapter ?? info.isFallbackAdapter)};
 }
 
 // The kernel source with named `const` parameters replaced; unknown names are an error.
