@@ -16,12 +16,12 @@ a large read, CUDA synchronised), so the roof is this machine's or the GPU's, no
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
 from posttrainllm import matmul
+from posttrainllm.measure import measure_seconds
 
 
 @dataclass(frozen=True)
@@ -40,17 +40,12 @@ class Roof:
 
 
 def _seconds(fn, repeats: int, device: str) -> float:
-    """The fastest of ``repeats`` timed calls after one warm-up (CUDA: synchronised around each call)."""
+    """The fastest of ``repeats`` timed calls after one warm-up; on CUDA each call ends with a
+    synchronise, so the time is the GPU's and the next call starts on an idle device."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     fn()
-    best = float("inf")
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return best
+    sync()
+    return measure_seconds(lambda: (fn(), sync()), repeats)
 
 
 def matmul_rate(n: int, dtype: torch.dtype = torch.float32, device: str = "cpu", repeats: int = 5) -> float:

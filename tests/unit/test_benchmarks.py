@@ -23,11 +23,11 @@ SCRIPTS = {  # script -> the result tables it writes
     "training_mechanics": ["checkpointing", "precision", "data_parallel"],
     "speculative": ["speculative_decoding", "sae_throughput"],
     "wasm": ["wasm_training", "wasm_matmul"],
-    "webgpu": ["webgpu_matmul_cpu", "webgpu_attention_cpu", "webgpu_softmax_cpu"],
+    "webgpu": ["webgpu_matmul_cpu", "webgpu_attention_cpu", "webgpu_attention_backward_cpu", "webgpu_softmax_cpu"],
 }
 EXTRA_ARGS = {"webgpu": ["--driver", "lavapipe"]}  # CI has no GPU: the CPU driver checks the code path
 COMMITTED = {  # measured on an H200
-    "webgpu": ["webgpu_matmul_gpu", "webgpu_attention_gpu", "webgpu_softmax_gpu"],
+    "webgpu": ["webgpu_matmul_gpu", "webgpu_attention_gpu", "webgpu_attention_backward_gpu", "webgpu_softmax_gpu"],
     "roofline": ["roofline_gpu"],
 }
 

@@ -53,21 +53,11 @@ fn dot64(a0: mat4x4<f32>, a1: mat4x4<f32>, a2: mat4x4<f32>, a3: mat4x4<f32>, b0:
     return dot16(a0, b0) + dot16(a1, b1) + dot16(a2, b2) + dot16(a3, b3);
 }
 
-fn q_part(row: u32, part: u32, valid: bool) -> mat4x4<f32> {
+fn row_part(buffer: u32, row: u32, part: u32, valid: bool) -> mat4x4<f32> {  // buffer 0: Q, 1: dO, 2: O
     if (!valid) { return mat4x4<f32>(); }
     let b = row + part * 4u;
-    return mat4x4<f32>(Q[b], Q[b + 1u], Q[b + 2u], Q[b + 3u]);
-}
-
-fn do_part(row: u32, part: u32, valid: bool) -> mat4x4<f32> {
-    if (!valid) { return mat4x4<f32>(); }
-    let b = row + part * 4u;
-    return mat4x4<f32>(dO[b], dO[b + 1u], dO[b + 2u], dO[b + 3u]);
-}
-
-fn o_part(row: u32, part: u32, valid: bool) -> mat4x4<f32> {
-    if (!valid) { return mat4x4<f32>(); }
-    let b = row + part * 4u;
+    if (buffer == 0u) { return mat4x4<f32>(Q[b], Q[b + 1u], Q[b + 2u], Q[b + 3u]); }
+    if (buffer == 1u) { return mat4x4<f32>(dO[b], dO[b + 1u], dO[b + 2u], dO[b + 3u]); }
     return mat4x4<f32>(O[b], O[b + 1u], O[b + 2u], O[b + 3u]);
 }
 
@@ -87,16 +77,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: 
     let head = h * dims.T * D4;
     let at = head + query * D4;
     let scale = 1.0 / sqrt(f32(D));
-    let q0 = q_part(at, 0u, valid) * scale;
-    let q1 = q_part(at, 1u, valid) * scale;
-    let q2 = q_part(at, 2u, valid) * scale;
-    let q3 = q_part(at, 3u, valid) * scale;
-    let g0 = do_part(at, 0u, valid);
-    let g1 = do_part(at, 1u, valid);
-    let g2 = do_part(at, 2u, valid);
-    let g3 = do_part(at, 3u, valid);
-    let row_delta = dot64(g0, g1, g2, g3, o_part(at, 0u, valid), o_part(at, 1u, valid), o_part(at, 2u, valid),
-                          o_part(at, 3u, valid));
+    let q0 = row_part(0u, at, 0u, valid) * scale;
+    let q1 = row_part(0u, at, 1u, valid) * scale;
+    let q2 = row_part(0u, at, 2u, valid) * scale;
+    let q3 = row_part(0u, at, 3u, valid) * scale;
+    let g0 = row_part(1u, at, 0u, valid);
+    let g1 = row_part(1u, at, 1u, valid);
+    let g2 = row_part(1u, at, 2u, valid);
+    let g3 = row_part(1u, at, 3u, valid);
+    let row_delta = dot64(g0, g1, g2, g3, row_part(2u, at, 0u, valid), row_part(2u, at, 1u, valid),
+                          row_part(2u, at, 2u, valid), row_part(2u, at, 3u, valid));
     var lse = 0.0;
     if (valid) { lse = L[h * dims.T + query]; }
     var dq0 = mat4x4<f32>();
