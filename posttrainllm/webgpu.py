@@ -166,7 +166,7 @@ def check_shapes(what: str, ndim: int, **arrays) -> None:
 
 
 def check_private_bytes(file: str, nbytes: int) -> None:
-    """Refuse, before dispatch, a kernel whose private arrays exceed :data:`PRIVATE_BYTES_LIMIT`:
+    """Refuse, before it is compiled, a kernel whose private arrays exceed :data:`PRIVATE_BYTES_LIMIT`:
     a GPU spills them to slow memory, and past the limit a lost device is what was seen."""
     if nbytes > PRIVATE_BYTES_LIMIT:
         raise ValueError(f"{file} would keep {nbytes:,} bytes of private arrays per invocation; the book stops at "
@@ -218,8 +218,8 @@ class GPU:
         arrays pass :data:`PRIVATE_BYTES_LIMIT` is refused before the driver compiles it."""
         if "enable f16;" in wgsl and "shader-f16" not in self.features:
             raise RuntimeError(f"{label} needs the WebGPU feature shader-f16, which {self.name} lacks")
-        # before the driver sees it: on the H200 even compiling the naive kernel at MAX_T = 4096 lost
-        # the device, and the lost kernel slowed every kernel timed after it
+        # checked before the driver sees the kernel: on the H200, handing it the naive kernel at
+        # MAX_T = 4096 lost the device
         needs = resources(wgsl)
         check_private_bytes(label, needs["private_array_bytes"])
         offered = self.limits["max-compute-workgroup-storage-size"]
