@@ -2,7 +2,7 @@
 
 - matmul: every variant in ``posttrainllm/assets/webgpu/kernels.json`` at square sizes, GFLOP/s and the largest
   error against a float64 reference; beside ``torch.matmul`` in fp32 with TF32 off when CUDA is
-  there (the goal: the best WGSL kernel at 50% of it or more).
+  there (the goal: the best WGSL kernel at 75% of it or more).
 - attention: naive vs the two FlashAttention-2 causal forwards, 8 heads of 64, growing context,
   beside torch's ``scaled_dot_product_attention`` (the goal: within 2x of it); and the FA2
   backward pass (dQ, dK, dV) beside SDPA's backward through autograd.
@@ -56,7 +56,7 @@ def torch_baselines(sizes: list[int], lengths: list[int], heads: int, d: int, re
         out[f"matmul {n}"] = (2 * n**3 / ms / 1e6, err)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     for t in lengths:
-        q, k, v = attention_inputs(heads, t, d)
+        q, k, v, do_np = backward_inputs(heads, t, d)
         tq, tk, tv = (torch.from_numpy(x).cuda()[None] for x in (q, k, v))
         ms = cuda_ms(torch, lambda tq=tq, tk=tk, tv=tv: sdpa(tq, tk, tv, is_causal=True), repeat)
         exact = webgpu.attention_reference(q, k, v)[0]
@@ -64,10 +64,10 @@ def torch_baselines(sizes: list[int], lengths: list[int], heads: int, d: int, re
         out[f"attention {t}"] = (ms, err)
         tq, tk, tv = (x.requires_grad_() for x in (tq, tk, tv))
         o = sdpa(tq, tk, tv, is_causal=True)
-        do = torch.from_numpy(backward_inputs(heads, t, d)[3]).cuda()[None]
+        do = torch.from_numpy(do_np).cuda()[None]
         ms = cuda_ms(torch, lambda o=o, do=do, x=(tq, tk, tv): torch.autograd.grad(o, x, do, retain_graph=True), repeat)
         grads = torch.autograd.grad(o, (tq, tk, tv), do)
-        exact = webgpu.attention_backward_reference(q, k, v, backward_inputs(heads, t, d)[3])
+        exact = webgpu.attention_backward_reference(q, k, v, do_np)
         err = max(float(np.abs(g[0].cpu().numpy() - e).max()) for g, e in zip(grads, exact, strict=True))
         out[f"backward {t}"] = (ms, err)
     return out
@@ -101,6 +101,12 @@ def cuda_ms(torch, fn, repeat: int) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return float(np.median(times))
+
+
+def alone(fn, *args):
+    """``fn(*args)`` in a fresh process: its own device (or CUDA context), and nothing left behind."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
 
 
 def open_gpu(args) -> webgpu.GPU:
@@ -168,8 +174,7 @@ def in_rounds(fn, items: list, args) -> dict:
     runs: dict = {}
     for _ in range(args.rounds):
         for item in items:
-            with multiprocessing.get_context("spawn").Pool(1) as pool:
-                runs.setdefault(item, []).append(pool.apply(fn, (*item, args)))
+            runs.setdefault(item, []).append(alone(fn, *item, args))
     out = {}
     for item, results in runs.items():
         failed = [r for r in results if r[0] is None]
@@ -179,9 +184,9 @@ def in_rounds(fn, items: list, args) -> dict:
 
 
 def attention_run(file: str, params: str, t: int, args) -> tuple:
-    """One attention kernel at one length, in a process of its own: ``(ms, error, method)`` or
-    ``(None, reason, "")`` when the device is lost (the naive kernel's private row at T = 4096 did
-    that on the H200), so one crash cannot take the rest of the table with it."""
+    """One attention kernel at one length, in a process of its own: ``(ms, error, method)``, or
+    ``(None, reason, "")`` when the runtime refuses the kernel (the naive kernel's private row at
+    T = 4096) or the device is lost, so one failure cannot take the rest of the table with it."""
     try:
         gpu = open_gpu(args)
         q, k, v = attention_inputs(HEADS, t, HEAD_SIZE)
@@ -286,8 +291,7 @@ def softmax_run(args) -> tuple[list, int]:
 
 
 def softmax_table(adapter: dict, args, suffix: str, context: str) -> None:
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        rows, rows_n = pool.apply(softmax_run, (args,))
+    rows, rows_n = alone(softmax_run, args)
     write_result(
         f"webgpu_softmax_{suffix}",
         f"Row softmax of {rows_n} rows, WGSL through wgpu-py on {adapter['name']}{context}",
@@ -321,11 +325,9 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [64, 128] if args.quick else ([256, 512] if cpu else [1024, 2048, 4096])
     lengths = [64, 128] if args.quick else ([128, 256, 512] if cpu else [512, 1024, 2048, 4096])
     baselines = {}
-    if not cpu:  # before wgpu starts, in a process of its own
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            baselines = pool.apply(torch_baselines, (sizes, lengths, HEADS, HEAD_SIZE, args.repeat))
-    with multiprocessing.get_context("spawn").Pool(1) as pool:  # this process never opens a device
-        adapter = pool.apply(adapter_facts, (args,))
+    if not cpu:  # before any wgpu device: see torch_baselines
+        baselines = alone(torch_baselines, sizes, lengths, HEADS, HEAD_SIZE, args.repeat)
+    adapter = alone(adapter_facts, args)  # this process never opens a device
     if (adapter["info"].get("adapter_type") == "CPU") != cpu:
         raise SystemExit(f"--driver says {'a CPU driver' if cpu else 'a GPU'}, but the adapter is {adapter['name']}")
     suffix, context = ("cpu", " (a CPU driver: correctness only, not GPU speed)") if cpu else ("gpu", "")
