@@ -185,7 +185,7 @@ async function attentionRace(rt, gpu, files, variants, list, output, status, run
         measured = await rt.attention(gpu, kernel, q, k, v, h, len, d, 3);
       } catch (err) {
         if (!(err instanceof rt.TooMuchPrivateMemory)) throw err;
-        results.push({t: len, kernel: variant.name, refused: err.message});  // refused before dispatch: no lost device
+        results.push({t: len, kernel: variant.name, skipped: err.message});  // refused before the driver saw it
         add(len, variant.name, "-", "-", `not run: ${err.message}`);
         continue;
       }
@@ -195,7 +195,7 @@ async function attentionRace(rt, gpu, files, variants, list, output, status, run
       add(len, variant.name, timing.ms.toFixed(3), error.toExponential(1), error < 1e-4 ? "✓ matches the CPU" : "✗ WRONG");
     }
   }
-  const timed = results.filter((r) => r.ms !== undefined);  // refused and skipped kernels have no time
+  const timed = results.filter((r) => !r.skipped);
   plot.append(linePlot(timed));
   const longest = Math.max(...list);
   const flash = timed.filter((r) => r.t === longest && r.kernel !== "naive").sort((x, y) => x.ms - y.ms)[0];
