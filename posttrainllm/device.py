@@ -1,6 +1,17 @@
-"""Choosing where tensors live: one helper, so every notebook and script picks the same way."""
+"""Choosing where tensors live: one helper, so every notebook and script picks the same way.
+
+The library's functions (``train``, ``evaluate``, ``generate``...) run a model where it already is,
+unless a ``device`` argument or ``POSTTRAINLLM_DEVICE`` (``auto``, ``cuda``, ``cuda:1``, ``mps``) says
+otherwise. The book's models are built on the CPU and the notebooks' stored outputs are CPU outputs;
+a reader who sets ``POSTTRAINLLM_DEVICE=auto`` runs every notebook on their GPU instead. The torchrun trainer
+(:mod:`posttrainllm.pretrain`) defaults to ``auto``.
+"""
 
 from __future__ import annotations
+
+import os
+
+ENV = "POSTTRAINLLM_DEVICE"
 
 
 def available_devices() -> list[str]:
@@ -29,3 +40,21 @@ def resolve_device(name: str = "auto") -> str:
     if kind not in found:
         raise ValueError(f"device {name!r} is not available on this machine (available: {', '.join(found)})")
     return name
+
+
+def place(model, device: str | None):
+    """Move ``model`` (in place) to ``device`` and return the device's name. ``None`` means
+    ``POSTTRAINLLM_DEVICE`` when it is set, else wherever the model already is (a model the caller
+    moved to a GPU stays there). Apple's MPS has no float64, the dtype of the book's own models:
+    that is said, not crashed on."""
+    import torch
+
+    first = next(model.parameters(), None)
+    if device is None:
+        device = os.environ.get(ENV) or (str(first.device) if first is not None else "cpu")
+    device = resolve_device(device)
+    if device.startswith("mps") and first is not None and first.dtype == torch.float64:
+        raise ValueError("MPS has no float64 and this model is float64: convert it with model.float() first, "
+                         "or use device='cpu'")
+    model.to(device)
+    return device

@@ -37,14 +37,14 @@ class GPTConfig:
     mlp: str = "gelu"  # or "swiglu"
     positions: str = "learned"  # or "rope"
     tie_weights: bool = True
-    attention: str = "naive"  # or "flash": the same math, tile by tile
+    attention: str = "naive"  # or "flash": the same math, tile by tile; or "sdpa": torch's fused kernel
     n_kv_head: int | None = None  # key/value heads: None = n_head (multi-head), 1 = multi-query, else grouped
     window: int | None = None  # sliding-window attention: each query sees at most this many keys
     seed: int = 0
 
     def __post_init__(self) -> None:
         choices = {"norm": ("layernorm", "rmsnorm"), "mlp": ("gelu", "swiglu"), "positions": ("learned", "rope"),
-                   "attention": ("naive", "flash")}
+                   "attention": ("naive", "flash", "sdpa")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -52,8 +52,9 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} does not split into n_head={self.n_head} heads")
         if self.n_head % self.kv_heads:
             raise ValueError(f"n_head={self.n_head} query heads do not group evenly over n_kv_head={self.n_kv_head}")
-        if self.window is not None and (self.window < 1 or self.attention == "flash"):
-            raise ValueError(f"window={self.window} needs a size >= 1 and attention='naive' (our FA2 is full causal)")
+        if self.window is not None and (self.window < 1 or self.attention != "naive"):
+            raise ValueError(f"window={self.window} needs a size >= 1 and attention='naive' (FA2 and SDPA here "
+                             "are full causal)")
 
     @property
     def kv_heads(self) -> int:
@@ -143,6 +144,8 @@ class CausalSelfAttention(nn.Module):
         k, v = (z.repeat_interleave(cfg.n_head // cfg.kv_heads, dim=1) for z in (k, v))
         if cfg.attention == "flash" and offset == 0:
             y = flash_attention(q, k, v, causal=True)
+        elif cfg.attention == "sdpa" and offset == 0:  # FlashAttention or memory-efficient kernels on a GPU
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:  # the reference: materialise the scores and mask them
             q_pos = torch.arange(offset, offset + t, device=x.device)
             k_pos = torch.arange(offset + t - k.shape[2], offset + t, device=x.device)

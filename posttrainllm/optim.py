@@ -139,9 +139,27 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float) -> float:
     """Scale all gradients in place so their combined L2 norm is at most ``max_norm``; return the
     norm before clipping. One global norm keeps the update's direction, unlike clipping each value."""
     grads = [p.grad for p in params if p.grad is not None]
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+    total = _global_norm(grads)
     scale = max_norm / (total + 1e-6)
     if scale < 1:
         for g in grads:
             g.mul_(scale)
     return total
+
+
+def _global_norm(grads: list[torch.Tensor]) -> float:
+    """L2 norm of all ``grads`` together. FSDP2's gradients are DTensors, each process holding a
+    shard: the squares of the local shards are summed over the processes."""
+    from torch.distributed.tensor import DTensor
+
+    if not any(isinstance(g, DTensor) for g in grads):
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+    import torch.distributed as dist
+
+    def squares(tensors: list[torch.Tensor]) -> torch.Tensor:
+        return sum((torch.linalg.vector_norm(t) ** 2 for t in tensors), torch.zeros((), device=grads[0].device))
+
+    sharded = [g for g in grads if isinstance(g, DTensor)]
+    square = squares([g.to_local() for g in sharded])
+    dist.all_reduce(square, group=sharded[0].device_mesh.get_group())
+    return (square + squares([g for g in grads if not isinstance(g, DTensor)])).sqrt().item()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from posttrainllm.device import place
 from posttrainllm.model import GPT, KVCache
 
 
@@ -50,23 +51,27 @@ def expected_tokens_per_forward(alpha: float, k: int) -> float:
 
 
 def _probs(logits: torch.Tensor, temperature: float) -> np.ndarray:
-    return torch.softmax(logits.double() / temperature, dim=-1).numpy()
+    return torch.softmax(logits.double() / temperature, dim=-1).cpu().numpy()
 
 
 def _feed(model: GPT, cache: KVCache, sequence: list[int], extra: list[int] = ()) -> torch.Tensor:
     """Run the tokens the cache has not seen yet (plus ``extra``); return their logits."""
     new = sequence[cache.length :] + list(extra)
-    return model(torch.tensor([new]), cache=cache)[0]
+    return model(torch.tensor([new], device=model.head.weight.device), cache=cache)[0]
 
 
 @torch.no_grad()
 def speculative_generate(target: GPT, draft: GPT, prompt: list[int], max_new: int, k: int = 4,
-                         temperature: float = 0.0, rng: np.random.Generator | None = None) -> SpecStats:
-    """Generate up to ``max_new`` tokens after ``prompt``; ``temperature=0`` is greedy."""
+                         temperature: float = 0.0, rng: np.random.Generator | None = None,
+                         device: str | None = None) -> SpecStats:
+    """Generate up to ``max_new`` tokens after ``prompt``; ``temperature=0`` is greedy. Both models
+    run on ``device`` (see :func:`device.place`; by default where the target is)."""
     if target.config.vocab_size != draft.config.vocab_size:
         raise ValueError("the draft and the target must share one vocabulary")
     if temperature > 0 and rng is None:
         raise ValueError("sampling (temperature > 0) needs an rng")
+    device = place(target, device)
+    place(draft, device)
     target.eval()
     draft.eval()
     limit = min(target.config.block_size, draft.config.block_size)
@@ -84,7 +89,7 @@ def speculative_generate(target: GPT, draft: GPT, prompt: list[int], max_new: in
             token = int(rng.choice(len(q[-1]), p=q[-1])) if temperature > 0 else int(logits.argmax())
             proposed.append(token)
             if i < k_now - 1:
-                logits = draft(torch.tensor([[token]]), cache=d_cache)[0, -1]
+                logits = draft(torch.tensor([[token]], device=device), cache=d_cache)[0, -1]
                 stats.draft_forwards += 1
         # ONE target forward over [newest token, *proposed]: row i judges proposed[i], row k_now
         # is the position after them all

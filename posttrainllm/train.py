@@ -2,7 +2,9 @@
 
 Used by this module's notebook and by every later one. Training is deterministic for a given
 seed on a given machine: the batches come from a seeded generator, the weights from the
-config's seed. Checkpoints are loaded with ``torch.load(weights_only=True)``, so opening a
+config's seed. Every function takes a ``device`` (see :func:`device.place`: by default
+``POSTTRAINLLM_DEVICE``, else where the model already is); the model is moved there, and its
+batches and KV caches are made there. Checkpoints are loaded with ``torch.load(weights_only=True)``, so opening a
 checkpoint can never run code from the file.
 """
 
@@ -18,6 +20,7 @@ import torch
 
 from posttrainllm import atomic
 from posttrainllm.data import get_batch
+from posttrainllm.device import place
 from posttrainllm.model import GPT, GPTConfig, KVCache
 from posttrainllm.optim import clip_grad_norm, set_lr
 from posttrainllm.sampling import sample
@@ -26,12 +29,15 @@ CHECKPOINT_FORMAT = "posttrainllm-gpt-checkpoint v1"
 
 
 @torch.no_grad()
-def evaluate(model: GPT, ids, batch_size: int = 32, batches: int = 8, seed: int = 1234) -> float:
-    """Mean loss over ``batches`` seeded random batches of ``ids`` (the same batches every call)."""
+def evaluate(model: GPT, ids, batch_size: int = 32, batches: int = 8, seed: int = 1234,
+             device: str | None = None) -> float:
+    """Mean loss over ``batches`` seeded random batches of ``ids`` (the same batches every call, on
+    any device: they are drawn on the CPU)."""
+    device = place(model, device)
     model.eval()
     generator = torch.Generator().manual_seed(seed)
     losses = [
-        model(*get_batch(ids, batch_size, model.config.block_size, generator=generator))[1].item()
+        model(*get_batch(ids, batch_size, model.config.block_size, device, generator=generator))[1].item()
         for _ in range(batches)
     ]
     model.train()
@@ -52,6 +58,7 @@ def train(
     optimizer: torch.optim.Optimizer | None = None,
     lr_schedule: Callable[[int], float] | None = None,
     max_grad_norm: float | None = None,
+    device: str | None = None,
 ) -> dict:
     """Train on random windows of ``train_ids``. Returns ``{"train": [...], "val": [(step, loss)],
     "lr": [...], "grad_norm": [...]}`` (``grad_norm`` only when clipping).
@@ -59,8 +66,10 @@ def train(
     The optimizer defaults to ``torch.optim.AdamW(lr=lr, weight_decay=0)``; module 8 passes its
     own. ``lr_schedule(step)`` sets the learning rate before each step; ``max_grad_norm`` clips
     the global gradient norm. ``callback(step, history)`` runs after every step (a live plot, an
-    early stop, a log line).
+    early stop, a log line). A caller's ``optimizer`` must be built after the model is on ``device``
+    or before it has any state (moving a model keeps its parameter objects, not their Adam moments).
     """
+    device = place(model, device)
     generator = torch.Generator().manual_seed(seed)
     if optimizer is None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -73,7 +82,7 @@ def train(
     for step in steps_iter:
         if lr_schedule is not None:
             set_lr(optimizer, lr_schedule(step))
-        x, y = get_batch(train_ids, batch_size, model.config.block_size, generator=generator)
+        x, y = get_batch(train_ids, batch_size, model.config.block_size, device, generator=generator)
         _, loss = model(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -83,7 +92,7 @@ def train(
         history["train"].append(loss.item())
         history["lr"].append(optimizer.param_groups[0]["lr"])
         if val_ids is not None and eval_every and (step + 1) % eval_every == 0:
-            history["val"].append((step + 1, evaluate(model, val_ids)))
+            history["val"].append((step + 1, evaluate(model, val_ids, device=device)))
         if callback is not None:
             callback(step, history)
     return history
@@ -92,26 +101,30 @@ def train(
 @torch.no_grad()
 def generate(
     model: GPT, prompt: list[int], length: int, rng: np.random.Generator, temperature: float = 1.0,
-    top_k: int | None = None, top_p: float | None = None,
+    top_k: int | None = None, top_p: float | None = None, device: str | None = None,
 ) -> list[int]:
-    """Extend ``prompt`` by ``length`` tokens with module 5's samplers (greedy at temperature 0)."""
+    """Extend ``prompt`` by ``length`` tokens with module 5's samplers (greedy at temperature 0).
+    The model runs on ``device``; each step's logits come back to the CPU for the numpy sampler."""
+    device = place(model, device)
     model.eval()
     ids = list(prompt)
     for _ in range(length):
-        context = torch.tensor([ids[-model.config.block_size :]])
-        logits = model(context)[0, -1].double().numpy()
+        context = torch.tensor([ids[-model.config.block_size :]], device=device)
+        logits = model(context)[0, -1].double().cpu().numpy()
         ids.append(sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, rng=rng))
     model.train()
     return ids
 
 
 @torch.no_grad()
-def greedy(model: GPT, context: list[int], max_tokens: int, stop: int | None = None) -> list[int]:
-    """Up to ``max_tokens`` argmax tokens after ``context``, decoded with a KV cache; ends early at
-    ``stop`` (not included). ``context + max_tokens`` must fit in ``block_size``."""
+def greedy(model: GPT, context: list[int], max_tokens: int, stop: int | None = None,
+           device: str | None = None) -> list[int]:
+    """Up to ``max_tokens`` argmax tokens after ``context``, decoded with a KV cache on ``device``;
+    ends early at ``stop`` (not included). ``context + max_tokens`` must fit in ``block_size``."""
+    device = place(model, device)
     model.eval()
     cache = KVCache(model.config.n_layer)
-    logits = model(torch.tensor([context]), cache=cache)[0, -1]
+    logits = model(torch.tensor([context], device=device), cache=cache)[0, -1]
     out: list[int] = []
     while len(out) < max_tokens:
         token = int(logits.argmax())
@@ -119,7 +132,7 @@ def greedy(model: GPT, context: list[int], max_tokens: int, stop: int | None = N
             break
         out.append(token)
         if len(out) < max_tokens:
-            logits = model(torch.tensor([[token]]), cache=cache)[0, -1]
+            logits = model(torch.tensor([[token]], device=device), cache=cache)[0, -1]
     return out
 
 
@@ -172,9 +185,38 @@ def load_file(path: str | Path, marker: str, what: str, kind: str) -> dict:
     return payload
 
 
-def save_checkpoint(model: GPT, path: str | Path) -> None:
-    """Config and weights, written atomically."""
-    save_file({"format": CHECKPOINT_FORMAT, "config": asdict(model.config), "state_dict": model.state_dict()}, path)
+def save_checkpoint(model: GPT, path: str | Path, optimizer: torch.optim.Optimizer | None = None,
+                    step: int | None = None) -> None:
+    """Config and weights, and, to resume training, the optimizer's state and the number of steps
+    taken; written atomically. Tensors are saved from the CPU, so any device can load them."""
+    payload = {"format": CHECKPOINT_FORMAT, "config": asdict(model.config), "state_dict": _to_cpu(model.state_dict())}
+    if optimizer is not None:
+        payload["optimizer"] = _to_cpu(optimizer.state_dict())
+    if step is not None:
+        payload["step"] = int(step)
+    save_file(payload, path)
+
+
+def _to_cpu(value):
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
+
+
+def resume(path: str | Path, model: GPT, optimizer: torch.optim.Optimizer) -> int:
+    """Load a checkpoint saved with an optimizer into ``model`` and ``optimizer`` (built over that
+    model's parameters, on the device the model is on); return the step to continue from."""
+    payload = load_file(path, CHECKPOINT_FORMAT, "GPT checkpoint", "checkpoint")
+    if "optimizer" not in payload or "step" not in payload:
+        raise ValueError(f"{path} holds weights only (saved without optimizer= and step=): it cannot resume a run")
+    shape = {k: v for k, v in asdict(model.config).items() if k != "seed"}  # the seed only drew the first weights
+    if {k: v for k, v in payload["config"].items() if k != "seed"} != shape:
+        raise ValueError(f"{path} was saved from a model with another config: {payload['config']}")
+    model.load_state_dict(payload["state_dict"])
+    optimizer.load_state_dict(payload["optimizer"])
+    return payload["step"]
 
 
 def load_checkpoint(path: str | Path) -> GPT:

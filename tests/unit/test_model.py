@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from posttrainllm import train as training
+from posttrainllm.data import get_batch
 from posttrainllm.model import GPT, GPTConfig, KVCache, RMSNorm, export_weights, group_kv_heads, kv_cache_bytes, rope
+from posttrainllm.optim import AdamW
 
 SMALL = GPTConfig(vocab_size=50, block_size=24, n_layer=2, n_head=2, n_embd=16)
 VARIANTS = [
@@ -193,3 +195,63 @@ def test_grouping_kv_heads_averages_each_group_and_is_exact_when_heads_already_a
     torch.testing.assert_close(mqa.blocks[0].attn.qkv.weight[16:20], k_rows.mean(0))
     with pytest.raises(ValueError, match="multi-head"):
         group_kv_heads(mqa, 1)
+
+
+def test_sdpa_attention_matches_the_reference():
+    naive = GPT(SMALL).double()  # in float64 the two differ only by rounding, far below 1e-10
+    fused = GPT(dataclasses.replace(SMALL, attention="sdpa")).double()
+    fused.load_state_dict(naive.state_dict())
+    idx = torch.randint(0, SMALL.vocab_size, (3, SMALL.block_size), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(fused(idx), naive(idx), atol=1e-10, rtol=0)
+    with pytest.raises(ValueError, match="window"):
+        dataclasses.replace(SMALL, attention="sdpa", window=4)
+
+
+def test_a_checkpoint_with_its_optimizer_resumes_the_same_steps(tmp_path):
+    ids = np.tile(np.arange(10), 60)
+    generator = torch.Generator().manual_seed(0)
+    batches = [get_batch(ids, 8, SMALL.block_size, generator=generator) for _ in range(10)]
+
+    def steps(model, optimizer, chunk):
+        losses = []
+        for x, y in chunk:
+            _, loss = model(x, y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
+    model = GPT(dataclasses.replace(SMALL, vocab_size=10))
+    optimizer = AdamW(model.parameters(), lr=1e-2)
+    steps(model, optimizer, batches[:5])
+    training.save_checkpoint(model, tmp_path / "at5.pt", optimizer=optimizer, step=5)
+    whole = steps(model, optimizer, batches[5:])
+    again = GPT(dataclasses.replace(SMALL, vocab_size=10, seed=9))  # other weights: all must be loaded
+    restarted = AdamW(again.parameters(), lr=1e-2)
+    assert training.resume(tmp_path / "at5.pt", again, restarted) == 5
+    assert steps(again, restarted, batches[5:]) == whole
+    assert training.load_checkpoint(tmp_path / "at5.pt").config == model.config  # still a plain checkpoint
+    training.save_checkpoint(model, tmp_path / "weights.pt")
+    with pytest.raises(ValueError, match="weights only"):
+        training.resume(tmp_path / "weights.pt", again, restarted)
+    with pytest.raises(ValueError, match="another config"):
+        training.resume(tmp_path / "at5.pt", GPT(SMALL), AdamW(GPT(SMALL).parameters()))
+
+
+def test_device_is_chosen_by_argument_then_environment_then_the_model(monkeypatch):
+    from posttrainllm.device import place
+
+    model = GPT(SMALL)
+    assert place(model, None) == "cpu"
+    monkeypatch.setenv("POSTTRAINLLM_DEVICE", "cpu")
+    assert place(model, None) == "cpu"
+    ids = np.tile(np.arange(10), 60)
+    assert np.isfinite(training.evaluate(model, ids, batch_size=2, batches=1, device="cpu"))
+    assert len(training.greedy(model, [1, 2], 3, device="cpu")) == 3
+    monkeypatch.setenv("POSTTRAINLLM_DEVICE", "tpu")
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        training.generate(model, [1], 2, np.random.default_rng(0))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="not available on this machine"):
+            training.train(model, ids, steps=1, device="cuda")

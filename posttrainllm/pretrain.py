@@ -1,0 +1,445 @@
+"""Module 8: the book's GPT pretrained by ``torchrun``, on one process or many, CPU or GPU.
+
+    torchrun --nproc_per_node=2 -m posttrainllm.pretrain --config tiny steps=200 out=runs/tiny
+    python -m posttrainllm.pretrain --config gpt2-small data=tokens.npy      # one process
+
+``torchrun`` starts one process per device and gives each ``RANK``, ``LOCAL_RANK`` and
+``WORLD_SIZE``; each joins one process group (NCCL on CUDA, gloo on the CPU) and wraps the model:
+
+- ``parallel = "ddp"``: every process holds the whole model; gradients are averaged (all-reduce).
+- ``parallel = "fsdp"``: FSDP2's ``fully_shard`` on each block and on the model, over a 1-D device
+  mesh: each process keeps a shard of every weight, gradient and Adam moment (the ZeRO-3 layout).
+
+The data is a 1-D array of token ids cut into windows of ``block_size + 1`` (:class:`Windows`).
+Global sample ``i`` is a fixed window whatever the world size, and step ``s`` trains on samples
+``s*G ... s*G + G - 1`` (``G`` = micro_batch x grad_accum x world size), each rank reading only
+its own contiguous slice of them from a memory-mapped file. So two processes see exactly the
+rows one process with twice the accumulation sees, and a run resumed on another world size with
+the same ``G`` continues the same stream.
+
+A step is ``grad_accum`` forwards per process (gradient sync only on the last: ``no_sync`` for
+DDP, ``set_requires_gradient_sync`` for FSDP2), then the book's global-norm clipping, warmup +
+cosine schedule and AdamW (module 8). ``precision = "bf16"`` trains bf16 activations on fp32
+weights: autocast for DDP, a ``MixedPrecisionPolicy`` for FSDP2.
+
+Checkpoints (``save_every``) are written with ``torch.distributed.checkpoint`` (DCP): each
+process writes its own shards, and a load re-shards for another world size. Beside them a
+``state.pt`` (written last, so a crash mid-save leaves no usable-looking checkpoint) holds the
+step, the samples consumed, the config, each process's RNG states, and the SHA-256 of every DCP
+file. Loading checks those hashes before DCP reads a byte, and reads DCP's pickled index with an
+unpickler that admits only DCP's own metadata classes: a truncated or foreign checkpoint is
+refused with a message, and no file can make the loader run code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import pickle
+import sys
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from posttrainllm.device import ENV, resolve_device
+from posttrainllm.model import GPT, GPTConfig
+from posttrainllm.optim import AdamW, clip_grad_norm, set_lr, warmup_cosine
+from posttrainllm.train import load_file, save_file
+
+STATE_FORMAT = "posttrainllm-pretrain-state v1"
+PRECISIONS = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.float32}  # bf16: fp32 master weights
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    model: GPTConfig = field(default_factory=GPTConfig)
+    data: str = "builtin"  # a .npy of token ids, or "builtin": module 7's oracle corpus and tokenizer
+    micro_batch: int = 8  # rows per forward, per process
+    grad_accum: int = 1  # forwards per step, per process
+    steps: int = 100
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup: int = 10
+    weight_decay: float = 0.1
+    max_grad_norm: float = 1.0  # 0: no clipping
+    parallel: str = "ddp"  # or "fsdp"; ignored by a single process started without torchrun
+    precision: str = "fp32"  # "bf16" or "fp64"
+    compile: bool = False
+    device: str = ""  # "" = POSTTRAINLLM_DEVICE, else "auto" (CUDA, then MPS, then the CPU)
+    out: str = "runs/pretrain"
+    save_every: int = 0  # 0: save only at the end
+    stop_after: int = 0  # > 0: stop after this step as a crash would (no final save); the resume test's cut
+    seed: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.parallel not in ("ddp", "fsdp"):
+            raise ValueError(f"parallel must be 'ddp' or 'fsdp', got {self.parallel!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {self.precision!r}")
+        if min(self.micro_batch, self.grad_accum, self.steps) < 1:
+            raise ValueError("micro_batch, grad_accum and steps must each be at least 1")
+
+
+def load_config(name: str, overrides: list[str] = ()) -> PretrainConfig:
+    """A shipped config by name (``tiny``, ``gpt2-small``) or a TOML file, with ``key=value``
+    overrides (``steps=20``, ``model.n_layer=4``; values are TOML, bare words are strings)."""
+    shipped = resources.files("posttrainllm.assets") / "pretrain" / f"{name}.toml"
+    if shipped.is_file():
+        raw = tomllib.loads(shipped.read_text())
+    elif Path(name).is_file():
+        raw = tomllib.loads(Path(name).read_text())
+    else:
+        known = sorted(p.name.removesuffix(".toml") for p in (resources.files("posttrainllm.assets") / "pretrain")
+                       .iterdir())
+        raise ValueError(f"no config {name!r}: name a TOML file or one of {known}")
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r} is not key=value")
+        try:
+            value = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            pass  # a bare word: keep the string
+        table, _, leaf = key.rpartition(".")
+        target = raw.setdefault(table, {}) if table else raw
+        target[leaf] = value
+    return from_dict(raw)
+
+
+def from_dict(raw: dict) -> PretrainConfig:
+    """A config from its dict form (a TOML file's, or ``asdict``'s); unknown keys are refused."""
+    raw = dict(raw)
+    model = raw.pop("model", {})
+    for given, allowed in ((raw, PretrainConfig), (model, GPTConfig)):
+        unknown = sorted(set(given) - {f.name for f in fields(allowed)})
+        if unknown:
+            raise ValueError(f"unknown {allowed.__name__} keys {unknown}")
+    return PretrainConfig(model=GPTConfig(**model), **raw)
+
+
+class Windows:
+    """Token ids cut into ``len // (block + 1)`` fixed windows; sample ``i`` is window
+    ``perm_e[i mod n]`` of epoch ``e = i // n``, ``perm_e`` a permutation seeded by ``(seed, e)``."""
+
+    def __init__(self, ids: np.ndarray, block_size: int, seed: int) -> None:
+        self.ids, self.span, self.seed = ids, block_size + 1, seed
+        self.n = len(ids) // self.span
+        if self.n < 1:
+            raise ValueError(f"{len(ids)} tokens do not fill one window of block_size + 1 = {self.span}")
+        self._epoch, self._perm = -1, None
+
+    def rows(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples ``first ... first + count - 1`` as inputs and targets (count, block_size)."""
+        out = np.empty((count, self.span), dtype=np.int64)
+        for row, i in enumerate(range(first, first + count)):
+            epoch, j = divmod(i, self.n)
+            if epoch != self._epoch:
+                self._epoch, self._perm = epoch, np.random.default_rng([self.seed, epoch]).permutation(self.n)
+            start = int(self._perm[j]) * self.span
+            out[row] = self.ids[start : start + self.span]
+        block = torch.from_numpy(out)
+        return block[:, :-1].contiguous(), block[:, 1:].contiguous()
+
+
+def token_ids(data: str) -> np.ndarray:
+    """The token stream: ``builtin`` (module 7's oracle corpus), or a ``.npy`` file, memory-mapped
+    so each process reads only the windows it trains on."""
+    if data == "builtin":
+        from posttrainllm.model import oracle_setup
+
+        return oracle_setup().train_ids
+    path = Path(data)
+    if path.suffix != ".npy" or not path.is_file():
+        raise ValueError(f"data={data!r}: give 'builtin' or an existing .npy file of token ids")
+    ids = np.load(path, mmap_mode="r", allow_pickle=False)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"{path} holds {ids.dtype} of shape {ids.shape}, not a 1-D array of token ids")
+    return ids
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+@dataclass
+class Launch:
+    rank: int
+    world: int
+    device: str
+    distributed: bool
+
+
+def start(config: PretrainConfig) -> Launch:
+    """Join torchrun's process group (NCCL on CUDA, gloo otherwise) or run as one process."""
+    wanted = resolve_device(config.device or os.environ.get(ENV) or "auto")
+    if "RANK" not in os.environ:
+        return Launch(0, 1, wanted, False)
+    rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    if wanted.startswith("cuda"):
+        device = f"cuda:{local}"
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=torch.device(device))
+    else:
+        device = wanted
+        dist.init_process_group("gloo")
+    return Launch(rank, world, device, True)
+
+
+def wrap(model: GPT, config: PretrainConfig, launch: Launch) -> torch.nn.Module:
+    if not launch.distributed:
+        return model
+    if config.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [torch.device(launch.device).index] if launch.device.startswith("cuda") else None
+        return DistributedDataParallel(model, device_ids=ids)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(launch.device.split(":")[0], (launch.world,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if config.precision == "bf16" else MixedPrecisionPolicy()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    return fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def _sync(wrapped: torch.nn.Module, on: bool):
+    """Gradient sync on or off for the next backward: DDP's ``no_sync``, FSDP2's flag."""
+    if hasattr(wrapped, "set_requires_gradient_sync"):
+        wrapped.set_requires_gradient_sync(on)
+        return contextlib.nullcontext()
+    if hasattr(wrapped, "no_sync") and not on:
+        return wrapped.no_sync()
+    return contextlib.nullcontext()
+
+
+def _autocast(config: PretrainConfig, launch: Launch):
+    if config.precision == "bf16" and not (launch.distributed and config.parallel == "fsdp"):
+        return torch.autocast(launch.device.split(":")[0], dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _gather(value, launch: Launch) -> list:
+    if not launch.distributed:
+        return [value]
+    out = [None] * launch.world
+    dist.all_gather_object(out, value)
+    return out
+
+
+def save(directory: Path, model: GPT, optimizer: torch.optim.Optimizer, step: int, samples: int,
+         config: PretrainConfig, launch: Launch) -> None:
+    """Write ``directory`` (one step's checkpoint) from every process: DCP shards, then ``state.pt``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory / "dcp"),
+             no_dist=not launch.distributed)
+    rngs = _gather(_rng_state(), launch)
+    if launch.rank == 0:
+        files = {p.name: _sha256(p) for p in sorted((directory / "dcp").iterdir())}
+        save_file({"format": STATE_FORMAT, "step": step, "samples": samples, "world_size": launch.world,
+                   "config": json.dumps(asdict(config)), "rng": rngs, "files": files}, directory / "state.pt")
+    if launch.distributed:
+        dist.barrier()
+
+
+def latest(out: Path) -> Path | None:
+    """The newest complete checkpoint under ``out`` (one whose ``state.pt`` was written), if any."""
+    done = sorted(p.parent for p in out.glob("step-*/state.pt"))
+    return done[-1] if done else None
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's index (``.metadata``) is a pickle: admit only DCP's own classes and plain values."""
+
+    PLAIN = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+             ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("builtins", "set"), ("builtins", "slice")}
+
+    def find_class(self, module: str, name: str):
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype | torch.memory_format)
+        if (module, name) in self.PLAIN or dtype or module.startswith("torch.distributed.checkpoint."):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"the checkpoint's index names {module}.{name}, which no DCP index holds")
+
+
+def _reader(path: Path):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            metadata = _MetadataUnpickler(io.BytesIO((path / ".metadata").read_bytes())).load()
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(path))
+
+
+def read_state(directory: Path) -> dict:
+    """``state.pt`` of a checkpoint, after checking every DCP file against the hashes it lists."""
+    directory = Path(directory)
+    state = load_file(directory / "state.pt", STATE_FORMAT, "pretraining checkpoint", "checkpoint state")
+    for name, digest in state["files"].items():
+        path = directory / "dcp" / name
+        if not path.is_file():
+            raise ValueError(f"{directory}: {path.name} is missing: the checkpoint is incomplete")
+        if _sha256(path) != digest:
+            raise ValueError(f"{directory}: {path.name} differs from what was saved (truncated or damaged)")
+    return state
+
+
+def load(directory: Path, model: GPT, optimizer: torch.optim.Optimizer, launch: Launch) -> dict:
+    """Fill ``model`` and ``optimizer`` (already wrapped for this world size) from ``directory``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    state = read_state(directory)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    both = {"model": model_state, "optimizer": optim_state}
+    dcp.load(both, storage_reader=_reader(directory / "dcp"), no_dist=not launch.distributed)
+    set_state_dict(model, optimizer, model_state_dict=both["model"], optim_state_dict=both["optimizer"])
+    if state["world_size"] == launch.world:  # each process continues its own random stream
+        _set_rng_state(state["rng"][launch.rank])
+    return state
+
+
+# --- the loop --------------------------------------------------------------------------------
+
+
+def _log(out: Path, step: int, record: dict | None = None) -> None:
+    """``log.jsonl``: one line per step; on resume, lines past the checkpoint's step are dropped."""
+    path = out / "log.jsonl"
+    if record is None:
+        kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step] \
+            if path.exists() else []
+        path.write_text("".join(line + "\n" for line in kept))
+        return
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def run(config: PretrainConfig) -> list[float]:
+    """Train (resuming from the newest checkpoint in ``config.out`` if there is one); return the
+    losses of the steps this call ran. Rank 0 shows a progress bar and appends to ``log.jsonl``."""
+    launch = start(config)
+    try:
+        return _train(config, launch)
+    finally:
+        if launch.distributed:
+            dist.destroy_process_group()
+
+
+def _train(config: PretrainConfig, launch: Launch) -> list[float]:
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed + launch.rank)
+    windows = Windows(token_ids(config.data), config.model.block_size, config.seed)
+    model = GPT(config.model).to(PRECISIONS[config.precision]).to(launch.device)
+    if config.compile:
+        model.compile()
+    wrapped = wrap(model, config, launch)
+    optimizer = AdamW(wrapped.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    step, samples = 0, 0
+    checkpoint = latest(out)
+    if checkpoint is not None:
+        state = load(checkpoint, wrapped, optimizer, launch)
+        step, samples = state["step"], state["samples"]
+        if launch.rank == 0:
+            _log(out, step)
+    share = config.micro_batch * config.grad_accum  # rows per process per step
+    losses: list[float] = []
+    bar = range(step, config.steps)
+    if config.progress and launch.rank == 0:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(bar, initial=step, total=config.steps, desc="pretraining", file=sys.stderr)
+    for step in bar:
+        began = time.perf_counter()
+        lr = warmup_cosine(step, config.lr, config.warmup, config.steps, config.min_lr)
+        set_lr(optimizer, lr)
+        loss = torch.zeros((), dtype=torch.float64, device=launch.device)
+        first = samples + launch.rank * share
+        for micro in range(config.grad_accum):
+            x, y = windows.rows(first + micro * config.micro_batch, config.micro_batch)
+            with _sync(wrapped, micro == config.grad_accum - 1), _autocast(config, launch):
+                _, micro_loss = wrapped(x.to(launch.device), y.to(launch.device))
+                (micro_loss / config.grad_accum).backward()
+            loss += micro_loss.detach().double() / config.grad_accum
+        samples += share * launch.world
+        norm = clip_grad_norm(model.parameters(), config.max_grad_norm) if config.max_grad_norm else None
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if launch.distributed:
+            dist.all_reduce(loss)
+            loss /= launch.world
+        losses.append(loss.item())
+        done = step + 1
+        if launch.rank == 0:
+            seconds = time.perf_counter() - began
+            _log(out, done, {"step": done, "loss": losses[-1], "lr": lr, "grad_norm": norm,
+                             "tokens_per_s": share * launch.world * config.model.block_size / seconds})
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        if config.stop_after and done == config.stop_after:
+            return losses
+        if done == config.steps or (config.save_every and done % config.save_every == 0):
+            save(out / f"step-{done:06d}", wrapped, optimizer, done, samples, config, launch)
+    return losses
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m posttrainllm.pretrain", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="tiny", help="a shipped config (tiny, gpt2-small) or a TOML file")
+    parser.add_argument("overrides", nargs="*", help="key=value, e.g. steps=20 model.n_layer=4 parallel=fsdp")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+    except (ValueError, TypeError) as err:
+        parser.error(str(err))
+    run(config)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

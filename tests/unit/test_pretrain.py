@@ -1,0 +1,152 @@
+"""The torchrun trainer: real ``torchrun`` launches of 2 gloo processes on 127.0.0.1, DDP and FSDP2,
+checkpoints that resume exactly, and checkpoints that are refused."""
+
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from posttrainllm import pretrain
+
+MODEL = ["model.vocab_size=64", "model.block_size=16", "model.n_layer=2", "model.n_head=2", "model.n_embd=32"]
+RUN = ["steps=20", "save_every=10", "precision=fp64", "micro_batch=4", "grad_accum=1", "lr=1e-2", "warmup=3",
+       "progress=false"]
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "tokens.npy"
+    # a noisy cycle, so the loss has something to fall towards
+    rng = np.random.default_rng(0)
+    ids = (np.arange(8000) * 7 + rng.integers(0, 3, 8000)) % 64
+    np.save(path, ids.astype(np.uint16))
+    return path
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(out, tokens, *settings, processes: int = 2) -> list[float]:
+    """Run the trainer (under torchrun when ``processes`` > 1); return every step's loss in its log."""
+    args = ["--config", "tiny", *MODEL, *RUN, f"data={tokens}", f"out={out}", *settings]
+    torchrun = ["-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--master_addr=127.0.0.1",
+                f"--master_port={_port()}"] if processes > 1 else []
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, *torchrun, "-m", "posttrainllm.pretrain", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tokens, tmp_path_factory):
+    return {mode: launch(tmp_path_factory.mktemp(f"whole-{mode}"), tokens, f"parallel={mode}")
+            for mode in ("ddp", "fsdp")}
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_run_cut_at_step_13_resumes_from_step_10_and_repeats_steps_11_to_20_exactly(
+        mode, tokens, uninterrupted, tmp_path):
+    cut = launch(tmp_path, tokens, f"parallel={mode}", "stop_after=13")
+    assert len(cut) == 13
+    resumed = launch(tmp_path, tokens, f"parallel={mode}")
+    assert len(resumed) == 20  # the log's steps 11-13 from the cut run were replaced
+    assert resumed == uninterrupted[mode]  # bit for bit
+    assert resumed[-1] < resumed[0] - 0.5
+
+
+def test_two_processes_match_one_process_on_the_global_batch(tokens, uninterrupted, tmp_path):
+    single = launch(tmp_path, tokens, "grad_accum=2", processes=1)
+    for mode in ("ddp", "fsdp"):  # the same rows, summed in another order
+        np.testing.assert_allclose(uninterrupted[mode], single, rtol=1e-10, err_msg=mode)
+
+
+def test_a_checkpoint_saved_by_two_fsdp_processes_resumes_in_one(tokens, uninterrupted, tmp_path):
+    launch(tmp_path, tokens, "parallel=fsdp", "stop_after=13")
+    resumed = launch(tmp_path, tokens, "grad_accum=2", processes=1)  # same global batch, one process
+    np.testing.assert_allclose(resumed, uninterrupted["fsdp"], rtol=1e-10)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tokens, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one")
+    launch(out, tokens, "steps=2", "save_every=0", processes=1)
+    return pretrain.latest(out)
+
+
+def test_a_truncated_shard_is_refused_before_it_is_read(checkpoint, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(checkpoint, copy)
+    shard = next((copy / "dcp").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="differs from what was saved"):
+        pretrain.read_state(copy)
+    shard.unlink()
+    with pytest.raises(ValueError, match="missing"):
+        pretrain.read_state(copy)
+
+
+def test_a_foreign_state_file_is_refused(checkpoint, tmp_path):
+    import shutil
+
+    import torch
+
+    copy = tmp_path / "copy"
+    shutil.copytree(checkpoint, copy)
+    torch.save({"step": 3}, copy / "state.pt")
+    with pytest.raises(ValueError, match="not a posttrainllm pretraining checkpoint"):
+        pretrain.read_state(copy)
+    (copy / "state.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        pretrain.read_state(copy)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("echo ran > /dev/null",))
+
+
+def test_the_index_unpickler_refuses_code_and_reads_dcps_own():
+    import io
+
+    with pytest.raises(pickle.UnpicklingError, match="system"):
+        pretrain._MetadataUnpickler(io.BytesIO(pickle.dumps(_Payload()))).load()
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    index = Metadata(state_dict_metadata={})
+    assert pretrain._MetadataUnpickler(io.BytesIO(pickle.dumps(index))).load() == index
+
+
+def test_configs_name_what_is_wrong(tmp_path):
+    assert pretrain.load_config("tiny", ["steps=7", "model.n_layer=3", "parallel=fsdp"]).model.n_layer == 3
+    assert pretrain.load_config("gpt2-small").model.attention == "sdpa"
+    with pytest.raises(ValueError, match="no config 'huge'.*gpt2-small.*tiny"):
+        pretrain.load_config("huge")
+    with pytest.raises(ValueError, match=r"unknown PretrainConfig keys \['stpes'\]"):
+        pretrain.load_config("tiny", ["stpes=7"])
+    with pytest.raises(ValueError, match="parallel must be"):
+        pretrain.load_config("tiny", ["parallel=zero9"])
+    with pytest.raises(ValueError, match="not key=value"):
+        pretrain.load_config("tiny", ["steps"])
+    with pytest.raises(ValueError, match="existing .npy"):
+        pretrain.token_ids(str(tmp_path / "none.npy"))
+
+
+def test_the_stream_is_the_same_rows_whatever_the_world_size():
+    windows = pretrain.Windows(np.arange(1000), block_size=9, seed=0)
+    x, y = windows.rows(95, 10)  # crosses from epoch 0 into epoch 1 (100 windows each)
+    again = np.concatenate([windows.rows(95 + i, 1)[0] for i in range(10)])
+    np.testing.assert_array_equal(x.numpy(), again)
+    np.testing.assert_array_equal(y.numpy()[:, :-1], x.numpy()[:, 1:])
+    assert (x[:, 0] % 10 == 0).all()  # whole windows, never straddling two
+    assert len({int(v) for v in windows.rows(0, 100)[0][:, 0]}) == 100  # an epoch visits each once
