@@ -20,7 +20,8 @@ the same ``G`` continues the same stream.
 A step is ``grad_accum`` forwards per process (gradient sync only on the last: ``no_sync`` for
 DDP, ``set_requires_gradient_sync`` for FSDP2), then the book's global-norm clipping, warmup +
 cosine schedule and AdamW (module 8). ``precision = "bf16"`` trains bf16 activations on fp32
-weights: autocast for DDP, a ``MixedPrecisionPolicy`` for FSDP2.
+weights: autocast, and for FSDP2 a ``MixedPrecisionPolicy`` that gathers the weights in bf16 and
+reduces the gradients in fp32.
 
 Checkpoints (``save_every``) are written with ``torch.distributed.checkpoint`` (DCP): each
 process writes its own shards, and a load re-shards for another world size. Beside them a
@@ -42,6 +43,7 @@ import pickle
 import sys
 import time
 import tomllib
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
@@ -224,12 +226,23 @@ def _sync(wrapped: torch.nn.Module, on: bool):
 
 
 def _autocast(config: PretrainConfig, launch: Launch):
-    if config.precision == "bf16" and not (launch.distributed and config.parallel == "fsdp"):
+    """bf16 matmuls; autocast keeps the softmax and the loss in fp32 (under FSDP2 too, whose policy
+    already hands the blocks bf16 weights)."""
+    if config.precision == "bf16":
         return torch.autocast(launch.device.split(":")[0], dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
 # --- checkpoints -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _one_process_quiet(launch: Launch):
+    """DCP warns that it "assumes" one process when there is no process group: here that is meant."""
+    with warnings.catch_warnings():
+        if not launch.distributed:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _sha256(path: Path) -> str:
@@ -268,8 +281,9 @@ def save(directory: Path, model: GPT, optimizer: torch.optim.Optimizer, step: in
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory / "dcp"),
-             no_dist=not launch.distributed)
+    with _one_process_quiet(launch):
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory / "dcp"),
+                 no_dist=not launch.distributed)
     rngs = _gather(_rng_state(), launch)
     if launch.rank == 0:
         files = {p.name: _sha256(p) for p in sorted((directory / "dcp").iterdir())}
@@ -335,7 +349,8 @@ def load(directory: Path, model: GPT, optimizer: torch.optim.Optimizer, launch: 
     state = read_state(directory)
     model_state, optim_state = get_state_dict(model, optimizer)
     both = {"model": model_state, "optimizer": optim_state}
-    dcp.load(both, storage_reader=_reader(directory / "dcp"), no_dist=not launch.distributed)
+    with _one_process_quiet(launch):
+        dcp.load(both, storage_reader=_reader(directory / "dcp"), no_dist=not launch.distributed)
     set_state_dict(model, optimizer, model_state_dict=both["model"], optim_state_dict=both["optimizer"])
     if state["world_size"] == launch.world:  # each process continues its own random stream
         _set_rng_state(state["rng"][launch.rank])
@@ -424,6 +439,30 @@ def _train(config: PretrainConfig, launch: Launch) -> list[float]:
         if done == config.steps or (config.save_every and done % config.save_every == 0):
             save(out / f"step-{done:06d}", wrapped, optimizer, done, samples, config, launch)
     return losses
+
+
+def launch(out: str | Path, overrides: list[str], processes: int = 1, config: str = "tiny",
+           timeout: float = 600) -> list[float]:
+    """Run the trainer in fresh processes, under ``torchrun`` when ``processes`` > 1 (rendezvous on
+    127.0.0.1, a free port), as a notebook or a test would from a shell; return the loss of every
+    step in ``out``'s log. A failed run raises ``RuntimeError`` with the end of its stderr."""
+    import socket
+    import subprocess
+
+    torchrun = []
+    if processes > 1:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        torchrun = ["-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--master_addr=127.0.0.1",
+                    f"--master_port={port}"]
+    command = [sys.executable, *torchrun, "-m", "posttrainllm.pretrain", "--config", config, f"out={out}",
+               "progress=false", *overrides]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    if done.returncode:
+        raise RuntimeError(f"the trainer failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return [json.loads(line)["loss"] for line in (Path(out) / "log.jsonl").read_text().splitlines()]
 
 
 def main(argv: list[str] | None = None) -> int:
