@@ -3,7 +3,8 @@
 The library's functions (``train``, ``evaluate``, ``generate``...) run a model where it already is,
 unless a ``device`` argument or ``POSTTRAINLLM_DEVICE`` (``auto``, ``cuda``, ``cuda:1``, ``mps``) says
 otherwise. The book's models are built on the CPU and the notebooks' stored outputs are CPU outputs;
-a reader who sets ``POSTTRAINLLM_DEVICE=auto`` runs every notebook on their GPU instead. The torchrun trainer
+``POSTTRAINLLM_DEVICE=auto`` moves the training, evaluation and decoding those functions do to a
+GPU, not the cells that call a model directly. The torchrun trainer
 (:mod:`posttrainllm.pretrain`) defaults to ``auto``.
 """
 

@@ -80,6 +80,14 @@ def test_the_kernels_and_their_browser_cells_ship_in_the_wheel(installed):
     assert json.loads(out) == {kind: webgpu.browser_cell(kind).data for kind in ("matmul", "attention")}
 
 
+def test_the_trainer_runs_from_the_wheel_with_its_shipped_config(installed):
+    result = _run(installed, installed[0], "-m", "posttrainllm.pretrain", "--config", "tiny", "steps=2",
+                  "save_every=0", "out=run", "progress=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len((installed[1] / "run" / "log.jsonl").read_text().splitlines()) == 2
+    assert (installed[1] / "run" / "step-000002" / "state.pt").is_file()
+
+
 def test_a_kernel_runs_on_lavapipe_from_the_wheel(installed):
     require(os.path.isfile(webgpu.DRIVERS["lavapipe"]), "the lavapipe Vulkan driver")
     pytest.importorskip("wgpu")

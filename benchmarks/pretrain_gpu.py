@@ -1,0 +1,158 @@
+"""The book's GPT at GPT-2 small's shape on one GPU, beside ``transformers``' GPT-2 in the same run.
+
+    python benchmarks/pretrain_gpu.py                         # on a CUDA machine: results/pretrain_gpu.json
+    python benchmarks/pretrain_gpu.py --quick --out /tmp/x    # anywhere: a tiny shape, a few steps, eager
+
+It needs ``transformers`` (``pip install transformers``), which the book itself does not.
+
+Both models get the same shape (12 layers, 12 heads, width 768, context 1024, vocabulary 50,304),
+the same settings (bf16 autocast, PyTorch's SDPA attention, ``torch.compile``, no dropout, exact
+GELU, tied embeddings) and the same step: forward, backward and a fused ``torch.optim.AdamW`` on
+the same batches. They take turns, ``--rounds`` times, each turn in a fresh process, and the
+table keeps each model's median tokens/s.
+
+MFU (model FLOPs utilisation, PaLM: Chowdhery et al., 2022, appendix B) counts
+``6 N + 12 L d T`` FLOPs per token (``N`` parameters, ``L`` layers, width ``d``, context ``T``;
+the attention term counts the full ``T x T`` scores, as PaLM does, though a causal kernel skips
+half of them) and divides by the GPU's dense bf16 peak: 989 TFLOP/s for an H100 or H200 SXM
+(NVIDIA's data sheets give 1,979 with 2:4 sparsity, twice the dense figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import multiprocessing as mp
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS, write_result  # noqa: E402
+
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
+SHAPE = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50304}
+SMOKE = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 512}
+
+
+def build(name: str, shape: dict):
+    import torch
+
+    if name == "posttrainllm":
+        from posttrainllm.model import GPT, GPTConfig
+
+        model = GPT(GPTConfig(**shape, attention="sdpa"))
+        return model, lambda x, y: model(x, y)[1]
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=shape["n_layer"], n_head=shape["n_head"], n_embd=shape["n_embd"],
+                        n_positions=shape["block_size"], vocab_size=shape["vocab_size"], activation_function="gelu",
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
+                        bos_token_id=None, eos_token_id=None)
+    model = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+
+    def loss(x, y):
+        logits = model(input_ids=x).logits
+        return torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+
+    return model, loss
+
+
+def measure(name: str, shape: dict, batch: int, steps: int, warmup: int, compile_: bool) -> dict:
+    """Tokens/s of ``steps`` training steps after ``warmup`` (compilation happens there)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    model, loss_fn = build(name, shape)
+    model.to(device).train()
+    n_params = sum(p.numel() for p in model.parameters())
+    if compile_:
+        loss_fn = torch.compile(loss_fn)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(0, shape["vocab_size"], (batch, shape["block_size"] + 1), generator=generator).to(device)
+    inputs, targets = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+    def step():
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = loss_fn(inputs, targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    for _ in range(warmup):
+        step()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    began = time.perf_counter()
+    for _ in range(steps):
+        last = step()
+    sync()
+    seconds = time.perf_counter() - began
+    return {"tokens_per_s": batch * shape["block_size"] * steps / seconds, "n_params": n_params,
+            "loss": float(last), "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+
+
+def alone(*args) -> dict:
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(measure, args)
+
+
+def flops_per_token(n_params: int, shape: dict) -> float:
+    return 6 * n_params + 12 * shape["n_layer"] * shape["n_embd"] * shape["block_size"]
+
+
+def driver() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny shape, a few steps, no compile: a smoke test")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=10)
+    args = parser.parse_args(argv)
+    if not args.quick and not torch.cuda.is_available():
+        parser.error("no CUDA device here: run with --quick, or on a machine with a GPU")
+    shape = SMOKE if args.quick else SHAPE
+    steps, warmup = (3, 1) if args.quick else (args.steps, args.warmup)
+    runs: dict[str, list[dict]] = {"posttrainllm": [], "transformers": []}
+    for _ in range(args.rounds):
+        for name in runs:  # the two take turns, so drift over the run hits both alike
+            runs[name].append(alone(name, shape, args.batch, steps, warmup, not args.quick))
+    gpu = runs["posttrainllm"][0]["device"]
+    peak = next((v for k, v in PEAK_BF16.items() if k in gpu), None)
+    rows = []
+    for name, measured in runs.items():
+        rate = statistics.median(r["tokens_per_s"] for r in measured)
+        flops = flops_per_token(measured[0]["n_params"], shape)
+        mfu = f"{100 * rate * flops / peak:.1f}%" if peak else "n/a"
+        rows.append([name, f"{measured[0]['n_params'] / 1e6:.1f}M", f"{rate:,.0f}", mfu,
+                     f"{rate / statistics.median(r['tokens_per_s'] for r in runs['transformers']):.2f}x"])
+    notes = (f"{gpu}, driver {driver()}, torch {torch.__version__}, "
+             f"transformers {__import__('transformers').__version__}, {datetime.date.today().isoformat()}. "
+             f"Batch {args.batch} x {shape['block_size']} tokens, bf16 autocast, SDPA, "
+             f"{'eager' if args.quick else 'torch.compile'}, fused AdamW; "
+             f"median of {args.rounds} runs of {steps} steps after {warmup}, each run in a fresh process. "
+             f"MFU: 6N + 12 L d T FLOPs per token over a dense bf16 peak of "
+             f"{peak / 1e12 if peak else 'unknown'} TFLOP/s.")
+    write_result("pretrain_gpu", "GPT-2 small's shape, one GPU: the book's GPT beside transformers' GPT-2",
+                 ["model", "parameters", "tokens/s", "MFU", "vs transformers"], rows, notes, out_dir=args.out)
+
+
+if __name__ == "__main__":
+    main()
