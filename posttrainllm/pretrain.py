@@ -133,8 +133,8 @@ class Windows:
     """Token ids cut into ``len // (block + 1)`` fixed windows; sample ``i`` is window
     ``perm_e[i mod n]`` of epoch ``e = i // n``, ``perm_e`` a permutation seeded by ``(seed, e)``."""
 
-    def __init__(self, ids: np.ndarray, block_size: int, seed: int) -> None:
-        self.ids, self.span, self.seed = ids, block_size + 1, seed
+    def __init__(self, ids: np.ndarray, block_size: int, seed: int, vocab_size: int | None = None) -> None:
+        self.ids, self.span, self.seed, self.vocab_size = ids, block_size + 1, seed, vocab_size
         self.n = len(ids) // self.span
         if self.n < 1:
             raise ValueError(f"{len(ids)} tokens do not fill one window of block_size + 1 = {self.span}")
@@ -149,6 +149,9 @@ class Windows:
                 self._epoch, self._perm = epoch, np.random.default_rng([self.seed, epoch]).permutation(self.n)
             start = int(self._perm[j]) * self.span
             out[row] = self.ids[start : start + self.span]
+        if self.vocab_size is not None and out.max() >= self.vocab_size:  # checked as read: the file may be huge
+            raise ValueError(f"token id {out.max()} is outside the model's vocabulary of {self.vocab_size}: "
+                             "the data and model.vocab_size do not belong together")
         block = torch.from_numpy(out)
         return block[:, :-1].contiguous(), block[:, 1:].contiguous()
 
@@ -341,12 +344,17 @@ def read_state(directory: Path) -> dict:
     return state
 
 
-def load(directory: Path, model: GPT, optimizer: torch.optim.Optimizer, launch: Launch) -> dict:
-    """Fill ``model`` and ``optimizer`` (already wrapped for this world size) from ``directory``."""
+def load(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, launch: Launch,
+         shape: GPTConfig) -> dict:
+    """Fill ``model`` (a GPT of config ``shape``, already wrapped for this world size) and
+    ``optimizer`` from ``directory``."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     state = read_state(directory)
+    saved = json.loads(state["config"])["model"]
+    if saved != asdict(shape):
+        raise ValueError(f"{directory} holds a model of another shape {saved}: give this run its own out=")
     model_state, optim_state = get_state_dict(model, optimizer)
     both = {"model": model_state, "optimizer": optim_state}
     with _one_process_quiet(launch):
@@ -387,7 +395,7 @@ def _train(config: PretrainConfig, launch: Launch) -> list[float]:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed + launch.rank)
-    windows = Windows(token_ids(config.data), config.model.block_size, config.seed)
+    windows = Windows(token_ids(config.data), config.model.block_size, config.seed, config.model.vocab_size)
     model = GPT(config.model).to(PRECISIONS[config.precision]).to(launch.device)
     if config.compile:
         model.compile()
@@ -396,7 +404,7 @@ def _train(config: PretrainConfig, launch: Launch) -> list[float]:
     step, samples = 0, 0
     checkpoint = latest(out)
     if checkpoint is not None:
-        state = load(checkpoint, wrapped, optimizer, launch)
+        state = load(checkpoint, wrapped, optimizer, launch, model.config)
         step, samples = state["step"], state["samples"]
         if launch.rank == 0:
             _log(out, step)

@@ -148,3 +148,16 @@ def test_bf16_under_fsdp2_and_a_compiled_model_follow_the_fp32_run(tokens, tmp_p
 def test_a_failed_launch_says_why(tmp_path):
     with pytest.raises(RuntimeError, match=r"exit 2(.|\n)*unknown PretrainConfig keys \['stpes'\]"):
         pretrain.launch(tmp_path, ["stpes=1"])
+
+
+def test_a_checkpoint_saved_by_four_fsdp_processes_resumes_in_two(tokens, uninterrupted, tmp_path):
+    launch(tmp_path, tokens, "parallel=fsdp", "micro_batch=2", "stop_after=13", processes=4)  # global batch 8
+    resumed = launch(tmp_path, tokens, "parallel=fsdp")  # 2 processes x 4 rows: the same global batch
+    np.testing.assert_allclose(resumed, uninterrupted["fsdp"], rtol=1e-10)
+
+
+def test_a_run_refuses_a_checkpoint_of_another_shape_and_ids_outside_its_vocabulary(checkpoint, tokens, tmp_path):
+    with pytest.raises(RuntimeError, match="holds a model of another shape"):
+        launch(checkpoint.parent, tokens, "steps=3", "model.n_layer=1", processes=1)
+    with pytest.raises(RuntimeError, match="token id 6. is outside the model's vocabulary of 60"):
+        launch(tmp_path, tokens, "model.vocab_size=60", processes=1)
