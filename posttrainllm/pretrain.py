@@ -423,8 +423,9 @@ def _train(config: PretrainConfig, launch: Launch) -> list[float]:
         first = samples + launch.rank * share
         for micro in range(config.grad_accum):
             x, y = windows.rows(first + micro * config.micro_batch, config.micro_batch)
-            with _sync(wrapped, micro == config.grad_accum - 1), _autocast(config, launch):
-                _, micro_loss = wrapped(x.to(launch.device), y.to(launch.device))
+            with _sync(wrapped, micro == config.grad_accum - 1):
+                with _autocast(config, launch):  # the forward only: backward follows the forward's dtypes
+                    _, micro_loss = wrapped(x.to(launch.device), y.to(launch.device))
                 (micro_loss / config.grad_accum).backward()
             loss += micro_loss.detach().double() / config.grad_accum
         samples += share * launch.world
