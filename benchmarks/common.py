@@ -58,3 +58,18 @@ def write_result(name: str, title: str, columns: list[str], rows: list[list], no
     for row in rows:
         print("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)))
     return path
+
+
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/s of the SXM parts (NVIDIA's data sheets halved:
+# they quote 1,979 TFLOP/s with 2:4 sparsity)
+
+
+def peak_bf16(gpu: str) -> float | None:
+    """The dense bf16 peak of a GPU named like ``torch.cuda.get_device_name()``, if known."""
+    return next((v for k, v in PEAK_BF16.items() if k in gpu), None)
+
+
+def gpt_flops_per_token(n_params: int, config) -> float:
+    """Training FLOPs per token, PaLM's count (Chowdhery et al., 2022, appendix B): ``6 N`` for the
+    weights plus ``12 L d T`` for the attention scores, counted in full though causal kernels skip half."""
+    return 6 * n_params + 12 * config.n_layer * config.n_embd * config.block_size

@@ -11,11 +11,9 @@ GELU, tied embeddings) and the same step: forward, backward and a fused ``torch.
 the same batches. They take turns, ``--rounds`` times, each turn in a fresh process, and the
 table keeps each model's median tokens/s.
 
-MFU (model FLOPs utilisation, PaLM: Chowdhery et al., 2022, appendix B) counts
-``6 N + 12 L d T`` FLOPs per token (``N`` parameters, ``L`` layers, width ``d``, context ``T``;
-the attention term counts the full ``T x T`` scores, as PaLM does, though a causal kernel skips
-half of them) and divides by the GPU's dense bf16 peak: 989 TFLOP/s for an H100 or H200 SXM
-(NVIDIA's data sheets give 1,979 with 2:4 sparsity, twice the dense figure).
+MFU (model FLOPs utilisation) divides the FLOPs per token that ``common.gpt_flops_per_token``
+counts (PaLM's ``6 N + 12 L d T``) times tokens/s by the GPU's dense bf16 peak, 989 TFLOP/s for
+an H100 or H200 SXM.
 """
 
 from __future__ import annotations
@@ -31,9 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, write_result  # noqa: E402
+from common import RESULTS, gpt_flops_per_token, peak_bf16, write_result  # noqa: E402
 
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12}
 SHAPE = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50304}
 SMOKE = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 512}
 
@@ -103,10 +100,6 @@ def alone(*args) -> dict:
         return pool.apply(measure, args)
 
 
-def flops_per_token(n_params: int, shape: dict) -> float:
-    return 6 * n_params + 12 * shape["n_layer"] * shape["n_embd"] * shape["block_size"]
-
-
 def driver() -> str:
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -135,11 +128,11 @@ def main(argv: list[str] | None = None) -> None:
         for name in runs:  # the two take turns, so drift over the run hits both alike
             runs[name].append(alone(name, shape, args.batch, steps, warmup, not args.quick))
     gpu = runs["posttrainllm"][0]["device"]
-    peak = next((v for k, v in PEAK_BF16.items() if k in gpu), None)
+    peak = peak_bf16(gpu)
     rows = []
     for name, measured in runs.items():
         rate = statistics.median(r["tokens_per_s"] for r in measured)
-        flops = flops_per_token(measured[0]["n_params"], shape)
+        flops = gpt_flops_per_token(measured[0]["n_params"], argparse.Namespace(**shape))
         mfu = f"{100 * rate * flops / peak:.1f}%" if peak else "n/a"
         rows.append([name, f"{measured[0]['n_params'] / 1e6:.1f}M", f"{rate:,.0f}", mfu,
                      f"{rate / statistics.median(r['tokens_per_s'] for r in runs['transformers']):.2f}x"])

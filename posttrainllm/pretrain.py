@@ -451,21 +451,22 @@ def _train(config: PretrainConfig, launch: Launch) -> list[float]:
 
 
 def launch(out: str | Path, overrides: list[str], processes: int = 1, config: str = "tiny",
-           timeout: float = 600) -> list[float]:
-    """Run the trainer in fresh processes, under ``torchrun`` when ``processes`` > 1 (rendezvous on
-    127.0.0.1, a free port), as a notebook or a test would from a shell; return the loss of every
-    step in ``out``'s log. A failed run raises ``RuntimeError`` with the end of its stderr."""
+           timeout: float = 600, torchrun: bool | None = None) -> list[float]:
+    """Run the trainer in fresh processes, as a notebook or a test would from a shell: under
+    ``torchrun`` (rendezvous on 127.0.0.1, a free port) when ``processes`` > 1 or ``torchrun`` is
+    true, else as one plain process. Return the loss of every step in ``out``'s log; a failed run
+    raises ``RuntimeError`` with the end of its stderr."""
     import socket
     import subprocess
 
-    torchrun = []
-    if processes > 1:
+    prefix = []
+    if processes > 1 or torchrun:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        torchrun = ["-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--master_addr=127.0.0.1",
-                    f"--master_port={port}"]
-    command = [sys.executable, *torchrun, "-m", "posttrainllm.pretrain", "--config", config, f"out={out}",
+        prefix = ["-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--master_addr=127.0.0.1",
+                  f"--master_port={port}"]
+    command = [sys.executable, *prefix, "-m", "posttrainllm.pretrain", "--config", config, f"out={out}",
                "progress=false", *overrides]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})

@@ -21,6 +21,7 @@ SCRIPTS = {  # script -> the result tables it writes
     "roofline": ["roofline_cpu"],
     "tokenizer": ["tokenizer_training", "tokenizer_encoding"],
     "training_mechanics": ["checkpointing", "precision", "data_parallel"],
+    "scaling": ["scaling_cpu"],
     "speculative": ["speculative_decoding", "sae_throughput"],
     "wasm": ["wasm_training", "wasm_matmul"],
     "webgpu": ["webgpu_matmul_cpu", "webgpu_attention_cpu", "webgpu_attention_backward_cpu", "webgpu_softmax_cpu"],
