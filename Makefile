@@ -75,6 +75,8 @@ endif
 SECOND_CACHE := _build/second-path-cache
 SECOND_PATH_NOTEBOOKS := $(wildcard notebooks/[0-9][0-9]-*.ipynb)
 
+# the stored outputs are CPU outputs: a reader's POSTTRAINLLM_DEVICE=auto must not move the tests to a GPU
+test: export POSTTRAINLLM_DEVICE :=
 test: install vendor
 	$(BIN)/ruff check .
 	# the shared models first, so the notebooks' timings are a reader's second run, not the one-off training

@@ -150,16 +150,20 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float) -> float:
 def _global_norm(grads: list[torch.Tensor]) -> float:
     """L2 norm of all ``grads`` together. FSDP2's gradients are DTensors, each process holding a
     shard: the squares of the local shards are summed over the processes."""
-    from torch.distributed.tensor import DTensor
-
-    if not any(isinstance(g, DTensor) for g in grads):
-        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
     import torch.distributed as dist
+
+    sharded, plain = [], grads
+    if dist.is_available() and dist.is_initialized():
+        from torch.distributed.tensor import DTensor
+
+        sharded = [g for g in grads if isinstance(g, DTensor)]
+        plain = [g for g in grads if not isinstance(g, DTensor)]
+    if not sharded:
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
 
     def squares(tensors: list[torch.Tensor]) -> torch.Tensor:
         return sum((torch.linalg.vector_norm(t) ** 2 for t in tensors), torch.zeros((), device=grads[0].device))
 
-    sharded = [g for g in grads if isinstance(g, DTensor)]
     square = squares([g.to_local() for g in sharded])
     dist.all_reduce(square, group=sharded[0].device_mesh.get_group())
-    return (square + squares([g for g in grads if not isinstance(g, DTensor)])).sqrt().item()
+    return (square + squares(plain)).sqrt().item()

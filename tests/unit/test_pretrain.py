@@ -10,7 +10,8 @@ import pytest
 from posttrainllm import pretrain
 
 MODEL = ["model.vocab_size=64", "model.block_size=16", "model.n_layer=2", "model.n_head=2", "model.n_embd=32"]
-RUN = ["steps=20", "save_every=10", "precision=fp64", "micro_batch=4", "grad_accum=1", "lr=1e-2", "warmup=3"]
+RUN = ["steps=20", "save_every=10", "precision=fp64", "micro_batch=4", "grad_accum=1", "lr=1e-2", "warmup=3",
+       "device=cpu"]  # gloo on the CPU, even where a GPU is present
 
 
 @pytest.fixture(scope="module")
