@@ -8,6 +8,7 @@ book's benchmarks page renders as a table.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import platform
 from pathlib import Path
@@ -73,3 +74,9 @@ def gpt_flops_per_token(n_params: int, config) -> float:
     """Training FLOPs per token, PaLM's count (Chowdhery et al., 2022, appendix B): ``6 N`` for the
     weights plus ``12 L d T`` for the attention scores, counted in full though causal kernels skip half."""
     return 6 * n_params + 12 * config.n_layer * config.n_embd * config.block_size
+
+
+def alone(fn, *args):
+    """``fn(*args)`` in a fresh process: its own device (or CUDA context), and nothing left behind."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import multiprocessing as mp
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, gpt_flops_per_token, peak_bf16, write_result  # noqa: E402
+from common import RESULTS, alone, gpt_flops_per_token, peak_bf16, write_result  # noqa: E402
 
 SHAPE = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50304}
 SMOKE = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 512}
@@ -95,11 +94,6 @@ def measure(name: str, shape: dict, batch: int, steps: int, warmup: int, compile
             "loss": float(last), "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
 
 
-def alone(*args) -> dict:
-    with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(measure, args)
-
-
 def driver() -> str:
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -126,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     runs: dict[str, list[dict]] = {"posttrainllm": [], "transformers": []}
     for _ in range(args.rounds):
         for name in runs:  # the two take turns, so drift over the run hits both alike
-            runs[name].append(alone(name, shape, args.batch, steps, warmup, not args.quick))
+            runs[name].append(alone(measure, name, shape, args.batch, steps, warmup, not args.quick))
     gpu = runs["posttrainllm"][0]["device"]
     peak = peak_bf16(gpu)
     rows = []

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import multiprocessing
 import statistics
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, write_result  # noqa: E402
+from common import RESULTS, alone, write_result  # noqa: E402
 
 from posttrainllm import webgpu  # noqa: E402
 
@@ -101,12 +100,6 @@ def cuda_ms(torch, fn, repeat: int) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return float(np.median(times))
-
-
-def alone(fn, *args):
-    """``fn(*args)`` in a fresh process: its own device (or CUDA context), and nothing left behind."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(fn, args)
 
 
 def open_gpu(args) -> webgpu.GPU:

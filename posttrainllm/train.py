@@ -188,21 +188,13 @@ def load_file(path: str | Path, marker: str, what: str, kind: str) -> dict:
 def save_checkpoint(model: GPT, path: str | Path, optimizer: torch.optim.Optimizer | None = None,
                     step: int | None = None) -> None:
     """Config and weights, and, to resume training, the optimizer's state and the number of steps
-    taken; written atomically. Tensors are saved from the CPU, so any device can load them."""
-    payload = {"format": CHECKPOINT_FORMAT, "config": asdict(model.config), "state_dict": _to_cpu(model.state_dict())}
+    taken; written atomically. :func:`load_file` maps every tensor to the CPU, so any device can load them."""
+    payload = {"format": CHECKPOINT_FORMAT, "config": asdict(model.config), "state_dict": model.state_dict()}
     if optimizer is not None:
-        payload["optimizer"] = _to_cpu(optimizer.state_dict())
+        payload["optimizer"] = optimizer.state_dict()
     if step is not None:
         payload["step"] = int(step)
     save_file(payload, path)
-
-
-def _to_cpu(value):
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_to_cpu(v) for v in value)
-    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
 def resume(path: str | Path, model: GPT, optimizer: torch.optim.Optimizer) -> int:
