@@ -2,15 +2,19 @@
 
 The library's functions (``train``, ``evaluate``, ``generate``...) run a model where it already is,
 unless a ``device`` argument or ``POSTTRAINLLM_DEVICE`` (``auto``, ``cuda``, ``cuda:1``, ``mps``) says
-otherwise. The book's models are built on the CPU and the notebooks' stored outputs are CPU outputs;
-``POSTTRAINLLM_DEVICE=auto`` moves the training, evaluation and decoding those functions do to a
-GPU, not the cells that call a model directly. The torchrun trainer
-(:mod:`posttrainllm.pretrain`) defaults to ``auto``.
+otherwise. They borrow that device: the model (and an optimizer's state) go there for the call and
+come back where they were, so the cells around the call, which make their tensors on the CPU, run
+unchanged. The book's models are built on the CPU and the notebooks' stored outputs are CPU
+outputs; ``POSTTRAINLLM_DEVICE=auto`` moves the training, evaluation and decoding those functions do
+to a GPU, not the cells that call a model directly. A model you move yourself (``model.to("cuda")``)
+stays there. The torchrun trainer (:mod:`posttrainllm.pretrain`) defaults to ``auto``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 ENV = "POSTTRAINLLM_DEVICE"
 
@@ -59,3 +63,30 @@ def place(model, device: str | None):
                          "or use device='cpu'")
     model.to(device)
     return device
+
+
+def _move_state(optimizer, device) -> None:
+    """An optimizer's per-parameter tensors (Adam's moments) follow their parameters. ``step``
+    stays where it is: PyTorch keeps it on the CPU unless the optimizer is capturable or fused."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if key != "step" and hasattr(value, "to"):
+                state[key] = value.to(device)
+
+
+@contextmanager
+def borrowed(model, device: str | None, optimizer=None) -> Iterator[str]:
+    """Run the ``with`` body with ``model`` (and ``optimizer``'s state) on ``device`` (chosen as
+    :func:`place` chooses), then put them back where they were, even when the body raises."""
+    first = next(model.parameters(), None)
+    home = first.device if first is not None else None
+    device = place(model, device)
+    if optimizer is not None:
+        _move_state(optimizer, device)
+    try:
+        yield device
+    finally:
+        if home is not None and next(model.parameters()).device != home:
+            model.to(home)
+            if optimizer is not None:
+                _move_state(optimizer, home)

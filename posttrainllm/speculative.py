@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from posttrainllm.device import place
+from posttrainllm.device import borrowed
 from posttrainllm.model import GPT, KVCache
 
 
@@ -65,17 +65,22 @@ def speculative_generate(target: GPT, draft: GPT, prompt: list[int], max_new: in
                          temperature: float = 0.0, rng: np.random.Generator | None = None,
                          device: str | None = None) -> SpecStats:
     """Generate up to ``max_new`` tokens after ``prompt``; ``temperature=0`` is greedy. Both models
-    run on ``device`` (see :func:`device.place`; by default where the target is)."""
+    run on ``device``, borrowed for the call (see :func:`device.borrowed`; by default where the
+    target is)."""
     if target.config.vocab_size != draft.config.vocab_size:
         raise ValueError("the draft and the target must share one vocabulary")
     if temperature > 0 and rng is None:
         raise ValueError("sampling (temperature > 0) needs an rng")
-    device = place(target, device)
-    place(draft, device)
+    with borrowed(target, device) as device, borrowed(draft, device):
+        return _speculate(target, draft, list(prompt), max_new, k, temperature, rng, device)
+
+
+def _speculate(target: GPT, draft: GPT, seq: list[int], max_new: int, k: int, temperature: float,
+               rng: np.random.Generator | None, device: str) -> SpecStats:
     target.eval()
     draft.eval()
     limit = min(target.config.block_size, draft.config.block_size)
-    seq, stats = list(prompt), SpecStats()
+    stats = SpecStats()
     t_cache, d_cache = KVCache(target.config.n_layer), KVCache(draft.config.n_layer)
     while len(stats.tokens) < max_new and len(seq) < limit:
         # propose fewer near the end: never past max_new, never past the context window

@@ -3,9 +3,9 @@
 Used by this module's notebook and by every later one. Training is deterministic for a given
 seed on a given machine: the batches come from a seeded generator, the weights from the
 config's seed. Every function takes a ``device`` (see :func:`device.place`: by default
-``POSTTRAINLLM_DEVICE``, else where the model already is); the model is moved there, and its
-batches and KV caches are made there. Checkpoints are loaded with ``torch.load(weights_only=True)``, so opening a
-checkpoint can never run code from the file.
+``POSTTRAINLLM_DEVICE``, else where the model already is); the model is borrowed there for the call
+(:func:`device.borrowed`), and its batches and KV caches are made there. Checkpoints are loaded
+with ``torch.load(weights_only=True)``, so opening a checkpoint can never run code from the file.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 from posttrainllm import atomic
 from posttrainllm.data import get_batch
-from posttrainllm.device import place
+from posttrainllm.device import borrowed
 from posttrainllm.model import GPT, GPTConfig, KVCache
 from posttrainllm.optim import clip_grad_norm, set_lr
 from posttrainllm.sampling import sample
@@ -33,14 +33,14 @@ def evaluate(model: GPT, ids, batch_size: int = 32, batches: int = 8, seed: int 
              device: str | None = None) -> float:
     """Mean loss over ``batches`` seeded random batches of ``ids`` (the same batches every call, on
     any device: they are drawn on the CPU)."""
-    device = place(model, device)
-    model.eval()
     generator = torch.Generator().manual_seed(seed)
-    losses = [
-        model(*get_batch(ids, batch_size, model.config.block_size, device, generator=generator))[1].item()
-        for _ in range(batches)
-    ]
-    model.train()
+    with borrowed(model, device) as device:
+        model.eval()
+        losses = [
+            model(*get_batch(ids, batch_size, model.config.block_size, device, generator=generator))[1].item()
+            for _ in range(batches)
+        ]
+        model.train()
     return float(np.mean(losses))
 
 
@@ -66,10 +66,9 @@ def train(
     The optimizer defaults to ``torch.optim.AdamW(lr=lr, weight_decay=0)``; module 8 passes its
     own. ``lr_schedule(step)`` sets the learning rate before each step; ``max_grad_norm`` clips
     the global gradient norm. ``callback(step, history)`` runs after every step (a live plot, an
-    early stop, a log line). A caller's ``optimizer`` must be built after the model is on ``device``
-    or before it has any state (moving a model keeps its parameter objects, not their Adam moments).
+    early stop, a log line). The model and the optimizer's state go to ``device`` for the run and
+    come back where they were afterwards (:func:`device.borrowed`).
     """
-    device = place(model, device)
     generator = torch.Generator().manual_seed(seed)
     if optimizer is None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -79,22 +78,23 @@ def train(
         from tqdm.auto import tqdm
 
         steps_iter = tqdm(steps_iter, desc="training", leave=False)
-    for step in steps_iter:
-        if lr_schedule is not None:
-            set_lr(optimizer, lr_schedule(step))
-        x, y = get_batch(train_ids, batch_size, model.config.block_size, device, generator=generator)
-        _, loss = model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if max_grad_norm is not None:
-            history["grad_norm"].append(clip_grad_norm(model.parameters(), max_grad_norm))
-        optimizer.step()
-        history["train"].append(loss.item())
-        history["lr"].append(optimizer.param_groups[0]["lr"])
-        if val_ids is not None and eval_every and (step + 1) % eval_every == 0:
-            history["val"].append((step + 1, evaluate(model, val_ids, device=device)))
-        if callback is not None:
-            callback(step, history)
+    with borrowed(model, device, optimizer) as device:
+        for step in steps_iter:
+            if lr_schedule is not None:
+                set_lr(optimizer, lr_schedule(step))
+            x, y = get_batch(train_ids, batch_size, model.config.block_size, device, generator=generator)
+            _, loss = model(x, y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if max_grad_norm is not None:
+                history["grad_norm"].append(clip_grad_norm(model.parameters(), max_grad_norm))
+            optimizer.step()
+            history["train"].append(loss.item())
+            history["lr"].append(optimizer.param_groups[0]["lr"])
+            if val_ids is not None and eval_every and (step + 1) % eval_every == 0:
+                history["val"].append((step + 1, evaluate(model, val_ids, device=device)))
+            if callback is not None:
+                callback(step, history)
     return history
 
 
@@ -105,14 +105,14 @@ def generate(
 ) -> list[int]:
     """Extend ``prompt`` by ``length`` tokens with module 5's samplers (greedy at temperature 0).
     The model runs on ``device``; each step's logits come back to the CPU for the numpy sampler."""
-    device = place(model, device)
-    model.eval()
     ids = list(prompt)
-    for _ in range(length):
-        context = torch.tensor([ids[-model.config.block_size :]], device=device)
-        logits = model(context)[0, -1].double().cpu().numpy()
-        ids.append(sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, rng=rng))
-    model.train()
+    with borrowed(model, device) as device:
+        model.eval()
+        for _ in range(length):
+            context = torch.tensor([ids[-model.config.block_size :]], device=device)
+            logits = model(context)[0, -1].double().cpu().numpy()
+            ids.append(sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, rng=rng))
+        model.train()
     return ids
 
 
@@ -121,18 +121,18 @@ def greedy(model: GPT, context: list[int], max_tokens: int, stop: int | None = N
            device: str | None = None) -> list[int]:
     """Up to ``max_tokens`` argmax tokens after ``context``, decoded with a KV cache on ``device``;
     ends early at ``stop`` (not included). ``context + max_tokens`` must fit in ``block_size``."""
-    device = place(model, device)
-    model.eval()
-    cache = KVCache(model.config.n_layer)
-    logits = model(torch.tensor([context], device=device), cache=cache)[0, -1]
     out: list[int] = []
-    while len(out) < max_tokens:
-        token = int(logits.argmax())
-        if token == stop:
-            break
-        out.append(token)
-        if len(out) < max_tokens:
-            logits = model(torch.tensor([[token]], device=device), cache=cache)[0, -1]
+    with borrowed(model, device) as device:
+        model.eval()
+        cache = KVCache(model.config.n_layer)
+        logits = model(torch.tensor([context], device=device), cache=cache)[0, -1]
+        while len(out) < max_tokens:
+            token = int(logits.argmax())
+            if token == stop:
+                break
+            out.append(token)
+            if len(out) < max_tokens:
+                logits = model(torch.tensor([[token]], device=device), cache=cache)[0, -1]
     return out
 
 

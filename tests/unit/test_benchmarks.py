@@ -64,3 +64,21 @@ def test_result_files_name_the_cpu_and_its_instruction_set(tmp_path):
     described = json.loads(path.read_text())["machine"]
     assert common.cpu_model() and common.instruction_set()
     assert common.cpu_model() in described and f"{common.instruction_set()} kernels" in described
+
+
+def test_notebooks_on_device_names_the_cell_that_failed(tmp_path):
+    import nbformat
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import notebooks_on_device
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("x / 0")])
+    nbformat.write(nb, tmp_path / "broken.ipynb")
+    result = notebooks_on_device.execute(tmp_path / "broken.ipynb", timeout=60)
+    assert result["error"].startswith("cell 1: ZeroDivisionError")
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "notebooks_on_device.py"), "--quick", "--device", "cpu",
+                    "--out", str(tmp_path)], check=True, capture_output=True, text=True)
+    rows = json.loads((tmp_path / "notebooks_cpu.json").read_text())["rows"]
+    assert [row[:2] for row in rows] == [["01-from-a-line.ipynb", "ran"]]
