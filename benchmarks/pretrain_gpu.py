@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a tiny shape, a few steps, no compile: a smoke test")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--batch", type=int, nargs="+", default=[16, 32], help="rows of 1024 tokens per step")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10)
     args = parser.parse_args(argv)
@@ -117,28 +117,31 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("no CUDA device here: run with --quick, or on a machine with a GPU")
     shape = SMOKE if args.quick else SHAPE
     steps, warmup = (3, 1) if args.quick else (args.steps, args.warmup)
-    runs: dict[str, list[dict]] = {"posttrainllm": [], "transformers": []}
-    for _ in range(args.rounds):
-        for name in runs:  # the two take turns, so drift over the run hits both alike
-            runs[name].append(alone(measure, name, shape, args.batch, steps, warmup, not args.quick))
-    gpu = runs["posttrainllm"][0]["device"]
+    rows, gpu = [], "cpu"
+    for batch in args.batch:
+        runs: dict[str, list[dict]] = {"posttrainllm": [], "transformers": []}
+        for _ in range(args.rounds):
+            for name in runs:  # the two take turns, so drift over the run hits both alike
+                runs[name].append(alone(measure, name, shape, batch, steps, warmup, not args.quick))
+        gpu = runs["posttrainllm"][0]["device"]
+        peak = peak_bf16(gpu)
+        baseline = statistics.median(r["tokens_per_s"] for r in runs["transformers"])
+        for name, measured in runs.items():
+            rate = statistics.median(r["tokens_per_s"] for r in measured)
+            flops = gpt_flops_per_token(measured[0]["n_params"], argparse.Namespace(**shape))
+            mfu = f"{100 * rate * flops / peak:.1f}%" if peak else "n/a"
+            rows.append([name, batch, f"{measured[0]['n_params'] / 1e6:.1f}M", f"{rate:,.0f}", mfu,
+                         f"{rate / baseline:.2f}x"])
     peak = peak_bf16(gpu)
-    rows = []
-    for name, measured in runs.items():
-        rate = statistics.median(r["tokens_per_s"] for r in measured)
-        flops = gpt_flops_per_token(measured[0]["n_params"], argparse.Namespace(**shape))
-        mfu = f"{100 * rate * flops / peak:.1f}%" if peak else "n/a"
-        rows.append([name, f"{measured[0]['n_params'] / 1e6:.1f}M", f"{rate:,.0f}", mfu,
-                     f"{rate / statistics.median(r['tokens_per_s'] for r in runs['transformers']):.2f}x"])
     notes = (f"{gpu}, driver {driver()}, torch {torch.__version__}, "
              f"transformers {__import__('transformers').__version__}, {datetime.date.today().isoformat()}. "
-             f"Batch {args.batch} x {shape['block_size']} tokens, bf16 autocast, SDPA, "
+             f"Rows of {shape['block_size']} tokens, bf16 autocast, SDPA, "
              f"{'eager' if args.quick else 'torch.compile'}, fused AdamW; "
              f"median of {args.rounds} runs of {steps} steps after {warmup}, each run in a fresh process. "
              f"MFU: 6N + 12 L d T FLOPs per token over a dense bf16 peak of "
              f"{peak / 1e12 if peak else 'unknown'} TFLOP/s.")
     write_result("pretrain_gpu", "GPT-2 small's shape, one GPU: the book's GPT beside transformers' GPT-2",
-                 ["model", "parameters", "tokens/s", "MFU", "vs transformers"], rows, notes, out_dir=args.out)
+                 ["model", "batch", "parameters", "tokens/s", "MFU", "vs transformers"], rows, notes, out_dir=args.out)
 
 
 if __name__ == "__main__":

@@ -141,7 +141,8 @@ class CausalSelfAttention(nn.Module):
             keep = slice(-cfg.window, None) if cfg.window is not None else slice(None)
             cache.layers[layer] = (k[:, :, keep], v[:, :, keep])
         # grouped-query attention: each key/value head serves n_head / kv_heads query heads
-        k, v = (z.repeat_interleave(cfg.n_head // cfg.kv_heads, dim=1) for z in (k, v))
+        if cfg.kv_heads != cfg.n_head:  # (a repeat of 1 would still copy k and v)
+            k, v = (z.repeat_interleave(cfg.n_head // cfg.kv_heads, dim=1) for z in (k, v))
         if cfg.attention == "flash" and offset == 0:
             y = flash_attention(q, k, v, causal=True)
         elif cfg.attention == "sdpa" and offset == 0:  # FlashAttention or memory-efficient kernels on a GPU
