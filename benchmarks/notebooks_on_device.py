@@ -9,7 +9,7 @@ cells that call a model directly stay on the CPU. Outputs are not compared with 
 (a GPU's sums differ in their last digits): a notebook passes when every cell runs, its asserts
 included. After the last cell, the kernel reports its peak CUDA memory, which shows that the
 GPU did the work. The shared models (``posttrainllm models``) are trained first, on the device,
-in a fresh cache, and timed.
+in a fresh cache, and timed; ``--cache DIR`` starts from a copy of an existing cache instead.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import concurrent.futures
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -112,15 +113,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="module 1 alone: a smoke test of this script")
     parser.add_argument("--parallel", type=int, default=4, help="notebooks run at once, each in its own kernel")
     parser.add_argument("--timeout", type=int, default=900, help="seconds one cell may take")
+    parser.add_argument("--cache", type=Path, help="start from a copy of this model cache instead of training")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))[: 1 if args.quick else None]
     cache = tempfile.mkdtemp(prefix="posttrainllm-cache-")
+    if args.cache:
+        shutil.copytree(args.cache, cache, dirs_exist_ok=True)
     env = {**os.environ, "POSTTRAINLLM_DEVICE": args.device, "POSTTRAINLLM_CACHE": cache}
     os.environ.update(env)  # the kernels inherit it
     drift = drift_against_cpu(args.device)
     began = time.perf_counter()
-    report = "" if args.quick else train_shared_models(env)
+    report = "" if args.quick or args.cache else train_shared_models(env)
     models_seconds = time.perf_counter() - began
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as pool:
         results = list(pool.map(lambda p: execute(p, args.timeout), notebooks))
@@ -131,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
              f"{args.parallel} notebooks at a time, each in a fresh kernel, so the times overlap. "
              f"train() on the device against the CPU, float64, 20 steps: largest relative loss difference {drift:.1e}; "
              "the model and its AdamW moments came back to the CPU. "
-             + ("" if args.quick else
+             + ("" if args.quick else "The shared models came from a cache trained on a CPU." if args.cache else
                 f"The shared models were trained first on the device in a fresh cache: {models_seconds:.0f} s in all."))
     write_result(name, f"Every notebook with POSTTRAINLLM_DEVICE={args.device}",
                  ["notebook", "result", "seconds", "peak device memory (MiB)"], rows, notes, out_dir=args.out)

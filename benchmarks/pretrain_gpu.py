@@ -2,6 +2,8 @@
 
     python benchmarks/pretrain_gpu.py                         # on a CUDA machine: results/pretrain_gpu.json
     python benchmarks/pretrain_gpu.py --quick --out /tmp/x    # anywhere: a tiny shape, a few steps, eager
+    python benchmarks/pretrain_gpu.py --part trainer          # the torchrun trainer alone
+                                                              # (results/pretrain_torchrun_gpu.json)
 
 It needs ``transformers`` (``pip install transformers``), which the book itself does not.
 
@@ -10,6 +12,12 @@ the same settings (bf16 autocast, PyTorch's SDPA attention, ``torch.compile``, n
 GELU, tied embeddings) and the same step: forward, backward and a fused ``torch.optim.AdamW`` on
 the same batches. They take turns, ``--rounds`` times, each turn in a fresh process, and the
 table keeps each model's median tokens/s.
+
+The second table is the book's own trainer, ``torchrun --nproc_per_node=1 -m posttrainllm.pretrain
+--config gpt2-small`` (NCCL on a GPU): 40 steps, checkpoints at 20 and 40; the same run again;
+then the first run's step-40 checkpoint deleted and the command repeated, so it resumes from step
+20. GPU kernels need not repeat their sums in the same order (atomic adds in the embedding's and
+attention's backward passes), so the resumed losses are compared with the run-to-run spread.
 
 MFU (model FLOPs utilisation) divides the FLOPs per token that ``common.gpt_flops_per_token``
 counts (PaLM's ``6 N + 12 L d T``) times tokens/s by the GPU's dense bf16 peak, 989 TFLOP/s for
@@ -20,9 +28,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -94,6 +105,31 @@ def measure(name: str, shape: dict, batch: int, steps: int, warmup: int, compile
             "loss": float(last), "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
 
 
+def trainer_runs(steps: int = 40) -> tuple[list[list], str]:
+    """The torchrun trainer twice from scratch, then resumed from the first run's middle checkpoint."""
+    from posttrainllm import pretrain
+
+    overrides = [f"steps={steps}", f"save_every={steps // 2}", "grad_accum=1"]
+    with tempfile.TemporaryDirectory() as tmp:
+        first, second = Path(tmp) / "first", Path(tmp) / "second"
+        whole = pretrain.launch(first, overrides, config="gpt2-small", torchrun=True, timeout=300)
+        speeds = [json.loads(line)["tokens_per_s"] for line in (first / "log.jsonl").read_text().splitlines()]
+        again = pretrain.launch(second, overrides, config="gpt2-small", torchrun=True, timeout=300)
+        shutil.rmtree(first / f"step-{steps:06d}")
+        resumed = pretrain.launch(first, overrides, config="gpt2-small", torchrun=True, timeout=300)
+    half = steps // 2
+
+    def spread(run: list[float]) -> float:
+        return max(abs(x - y) / abs(x) for x, y in zip(whole[half:], run[half:], strict=True))
+
+    rows = [[label, f"{run[half - 1]:.4f}", f"{run[-1]:.4f}", f"{spread(run):.1e}"]
+            for label, run in (("first run", whole), ("second run, from scratch", again),
+                               (f"first run resumed from step {half}", resumed))]
+    notes = (f"tokens/s of the first run over steps {half + 1}-{steps} (median; the trainer's own step, "
+             f"the book's AdamW, clipping, a log line a step): {statistics.median(speeds[half:]):,.0f}.")
+    return rows, notes
+
+
 def driver() -> str:
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -107,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tiny shape, a few steps, no compile: a smoke test")
+    parser.add_argument("--part", choices=("all", "models", "trainer"), default="all")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, nargs="+", default=[16, 32], help="rows of 1024 tokens per step")
@@ -117,6 +154,18 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("no CUDA device here: run with --quick, or on a machine with a GPU")
     shape = SMOKE if args.quick else SHAPE
     steps, warmup = (3, 1) if args.quick else (args.steps, args.warmup)
+    facts = (f"driver {driver()}, torch {torch.__version__}, "
+             f"NCCL {'.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else 'none'}, "
+             f"{datetime.date.today().isoformat()}")
+    if args.part != "models" and not args.quick:
+        rows, notes = trainer_runs()
+        write_result("pretrain_torchrun_gpu", f"The torchrun trainer at GPT-2 small's shape on one "
+                     f"{torch.cuda.get_device_name()}: loss after a resume", ["run", "loss at step 20",
+                     "loss at step 40", "largest relative difference from the first run, steps 21-40"],
+                     rows, f"{torch.cuda.get_device_name()}, {facts}. bf16, SDPA, torch.compile, NCCL, 1 process, "
+                     f"micro-batch 16 x 1024 tokens. {notes}", out_dir=args.out)
+    if args.part == "trainer":
+        return
     rows, gpu = [], "cpu"
     for batch in args.batch:
         runs: dict[str, list[dict]] = {"posttrainllm": [], "transformers": []}
@@ -133,8 +182,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append([name, batch, f"{measured[0]['n_params'] / 1e6:.1f}M", f"{rate:,.0f}", mfu,
                          f"{rate / baseline:.2f}x"])
     peak = peak_bf16(gpu)
-    notes = (f"{gpu}, driver {driver()}, torch {torch.__version__}, "
-             f"transformers {__import__('transformers').__version__}, {datetime.date.today().isoformat()}. "
+    notes = (f"{gpu}, {facts}, transformers {__import__('transformers').__version__}. "
              f"Rows of {shape['block_size']} tokens, bf16 autocast, SDPA, "
              f"{'eager' if args.quick else 'torch.compile'}, fused AdamW; "
              f"median of {args.rounds} runs of {steps} steps after {warmup}, each run in a fresh process. "

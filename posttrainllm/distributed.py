@@ -59,45 +59,51 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, mode: str, config: dict, ids, steps, batch_size, lr, seed, out,
-            dtype: torch.dtype) -> None:
+def _worker(rank: int, world: int, port: int, modes: tuple[str, ...], config: dict, ids, steps, batch_size, lr, seed,
+            out, dtype: torch.dtype) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_default_dtype(dtype)  # a spawned process starts at float32, whatever its parent set
     torch.set_num_threads(1)  # one core per process: the processes are the parallelism
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        model = GPT(GPTConfig(**config))
-        if mode == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
-
-            wrapped = DistributedDataParallel(model)
-        else:
-            from torch.distributed.fsdp import fully_shard
-
-            for block in model.blocks:
-                fully_shard(block)
-            wrapped = fully_shard(model)
-        local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
-        optimizer = AdamW(wrapped.parameters(), lr=lr, weight_decay=0.0)
-        share = batch_size // world
-        losses = []
-        for x, y in _batches(ids, steps, batch_size, config["block_size"], seed):
-            rows = slice(rank * share, (rank + 1) * share)  # this process's slice of the global batch
-            _, loss = wrapped(x[rows], y[rows])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            mean = loss.detach().clone()
-            dist.all_reduce(mean)
-            losses.append(mean.item() / world)
-        # FSDP2 weights are DTensors holding one shard each: gather the full tensors to compare
-        state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach()
-                 for k, v in model.state_dict().items()}
-        if rank == 0:
-            torch.save({"state_dict": state, "losses": losses, "local_params": local}, Path(out) / "rank0.pt")
-        torch.save({"local_params": local}, Path(out) / f"params-{rank}.pt")
+        for mode in modes:  # one process group serves every mode: starting processes is the slow part
+            _train_one(rank, world, mode, config, ids, steps, batch_size, lr, seed, Path(out) / mode)
     finally:
         dist.destroy_process_group()
+
+
+def _train_one(rank: int, world: int, mode: str, config: dict, ids, steps, batch_size, lr, seed, out: Path) -> None:
+    model = GPT(GPTConfig(**config))
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        wrapped = DistributedDataParallel(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        wrapped = fully_shard(model)
+    local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
+    optimizer = AdamW(wrapped.parameters(), lr=lr, weight_decay=0.0)
+    share = batch_size // world
+    losses = []
+    for x, y in _batches(ids, steps, batch_size, config["block_size"], seed):
+        rows = slice(rank * share, (rank + 1) * share)  # this process's slice of the global batch
+        _, loss = wrapped(x[rows], y[rows])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(mean.item() / world)
+    # FSDP2 weights are DTensors holding one shard each: gather the full tensors to compare
+    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach()
+             for k, v in model.state_dict().items()}
+    out.mkdir(exist_ok=True)
+    if rank == 0:
+        torch.save({"state_dict": state, "losses": losses, "local_params": local}, out / "rank0.pt")
+    torch.save({"local_params": local}, out / f"params-{rank}.pt")
 
 
 def train_parallel(
@@ -106,15 +112,28 @@ def train_parallel(
 ) -> dict:
     """Train in ``world_size`` processes, in the caller's default dtype. Returns ``{"state_dict",
     "losses", "params_per_process"}`` (the last: how many parameter values each process stores)."""
-    if mode not in ("ddp", "fsdp"):
-        raise ValueError(f"mode must be 'ddp' or 'fsdp', got {mode!r}")
+    return train_parallel_modes(config, ids, steps, batch_size, lr, world_size, (mode,), seed)[mode]
+
+
+def train_parallel_modes(
+    config: GPTConfig, ids: np.ndarray, steps: int, batch_size: int, lr: float, world_size: int = 2,
+    modes: tuple[str, ...] = ("ddp", "fsdp"), seed: int = 0,
+) -> dict[str, dict]:
+    """:func:`train_parallel` for each of ``modes``, one after the other in the same processes."""
+    unknown = [m for m in modes if m not in ("ddp", "fsdp")]
+    if unknown or not modes:
+        raise ValueError(f"mode must be 'ddp' or 'fsdp', got {', '.join(map(repr, unknown)) or 'none'}")
     if batch_size % world_size:
         raise ValueError(f"batch_size={batch_size} does not split evenly over world_size={world_size} processes")
+    results = {}
     with tempfile.TemporaryDirectory() as out:
-        args = (world_size, _free_port(), mode, asdict(config), ids, steps, batch_size, lr, seed, out,
+        args = (world_size, _free_port(), tuple(modes), asdict(config), ids, steps, batch_size, lr, seed, out,
                 torch.get_default_dtype())
         mp.spawn(_worker, args=args, nprocs=world_size, join=True)
-        result = torch.load(Path(out) / "rank0.pt", weights_only=True)
-        per_process = [torch.load(Path(out) / f"params-{r}.pt", weights_only=True)["local_params"]
-                       for r in range(world_size)]
-    return {"state_dict": result["state_dict"], "losses": result["losses"], "params_per_process": per_process}
+        for mode in modes:
+            result = torch.load(Path(out) / mode / "rank0.pt", weights_only=True)
+            per_process = [torch.load(Path(out) / mode / f"params-{r}.pt", weights_only=True)["local_params"]
+                           for r in range(world_size)]
+            results[mode] = {"state_dict": result["state_dict"], "losses": result["losses"],
+                             "params_per_process": per_process}
+    return results
