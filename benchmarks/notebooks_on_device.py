@@ -113,10 +113,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="module 1 alone: a smoke test of this script")
     parser.add_argument("--parallel", type=int, default=4, help="notebooks run at once, each in its own kernel")
     parser.add_argument("--timeout", type=int, default=900, help="seconds one cell may take")
+    parser.add_argument("--only", nargs="+", default=[], help="notebooks whose names start so (e.g. 07 08)")
     parser.add_argument("--cache", type=Path, help="start from a copy of this model cache instead of training")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))[: 1 if args.quick else None]
+    notebooks = [p for p in notebooks if not args.only or p.name.startswith(tuple(args.only))]
     cache = tempfile.mkdtemp(prefix="posttrainllm-cache-")
     if args.cache:
         shutil.copytree(args.cache, cache, dirs_exist_ok=True)
@@ -131,12 +133,19 @@ def main(argv: list[str] | None = None) -> None:
     rows = [[r["notebook"], "ran" if r["error"] is None else f"failed at {r['error']}", f"{r['seconds']:.0f}",
              f"{r['peak_bytes'] / 2**20:,.0f}"] for r in results]
     name = "notebooks_gpu" if args.device.startswith("cuda") else f"notebooks_{args.device}"
+    earlier = args.out / f"{name}.json"
+    if args.only and earlier.is_file():  # a re-run of some notebooks replaces their rows of the last table
+        previous = json.loads(earlier.read_text())
+        rerun = {r[0] for r in rows}
+        rows = sorted([r for r in previous["rows"] if r[0] not in rerun] + rows)
     notes = (f"{gpu_facts()}, {datetime.date.today().isoformat()}. POSTTRAINLLM_DEVICE={args.device}; "
              f"{args.parallel} notebooks at a time, each in a fresh kernel, so the times overlap. "
              f"train() on the device against the CPU, float64, 20 steps: largest relative loss difference {drift:.1e}; "
              "the model and its AdamW moments came back to the CPU. "
              + ("" if args.quick else "The shared models came from a cache trained on a CPU." if args.cache else
                 f"The shared models were trained first on the device in a fresh cache: {models_seconds:.0f} s in all."))
+    if args.only and earlier.is_file():
+        notes = f"{previous['notes']} Re-run of {', '.join(sorted(rerun))} (--only): {notes}"
     write_result(name, f"Every notebook with POSTTRAINLLM_DEVICE={args.device}",
                  ["notebook", "result", "seconds", "peak device memory (MiB)"], rows, notes, out_dir=args.out)
     print(report)

@@ -79,11 +79,13 @@ def _train_one(rank: int, world: int, mode: str, config: dict, ids, steps, batch
 
         wrapped = DistributedDataParallel(model)
     else:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        mesh = init_device_mesh("cpu", (world,))  # FSDP2's default mesh would be CUDA's wherever CUDA exists
         for block in model.blocks:
-            fully_shard(block)
-        wrapped = fully_shard(model)
+            fully_shard(block, mesh=mesh)
+        wrapped = fully_shard(model, mesh=mesh)
     local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
     optimizer = AdamW(wrapped.parameters(), lr=lr, weight_decay=0.0)
     share = batch_size // world
