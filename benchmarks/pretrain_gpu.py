@@ -16,8 +16,8 @@ table keeps each model's median tokens/s.
 The second table is the book's own trainer, ``torchrun --nproc_per_node=1 -m posttrainllm.pretrain
 --config gpt2-small`` (NCCL on a GPU): 40 steps, checkpoints at 20 and 40; the same run again;
 then the first run's step-40 checkpoint deleted and the command repeated, so it resumes from step
-20. GPU kernels need not repeat their sums in the same order (atomic adds in the embedding's and
-attention's backward passes), so the resumed losses are compared with the run-to-run spread.
+20. GPU kernels need not repeat their sums in the same order (some accumulate with atomic adds),
+so the resumed losses are compared with the run-to-run spread.
 
 MFU (model FLOPs utilisation) divides the FLOPs per token that ``common.gpt_flops_per_token``
 counts (PaLM's ``6 N + 12 L d T``) times tokens/s by the GPU's dense bf16 peak, 989 TFLOP/s for
@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--part", choices=("all", "models", "trainer"), default="all")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--batch", type=int, nargs="+", default=[16, 32], help="rows of 1024 tokens per step")
+    parser.add_argument("--batch", type=int, nargs="+", default=[16],
+                        help="rows of 1024 tokens per step; several give a row each")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10)
     args = parser.parse_args(argv)
