@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -80,3 +81,12 @@ def alone(fn, *args):
     """``fn(*args)`` in a fresh process: its own device (or CUDA context), and nothing left behind."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         return pool.apply(fn, args)
+
+
+def nvidia_driver() -> str:
+    """The NVIDIA driver's version as ``nvidia-smi`` reports it, or ``"unknown"``."""
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"

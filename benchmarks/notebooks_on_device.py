@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, write_result  # noqa: E402
+from common import RESULTS, nvidia_driver, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PEAK = "import json, torch; print(json.dumps(torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0))"
@@ -99,12 +99,7 @@ def gpu_facts() -> str:
 
     if not torch.cuda.is_available():
         return f"no GPU, torch {torch.__version__}"
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        driver = "unknown"
-    return f"{torch.cuda.get_device_name()}, driver {driver}, torch {torch.__version__}"
+    return f"{torch.cuda.get_device_name()}, driver {nvidia_driver()}, torch {torch.__version__}"
 
 
 def main(argv: list[str] | None = None) -> None:

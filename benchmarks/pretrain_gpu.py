@@ -31,7 +31,6 @@ import datetime
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, alone, gpt_flops_per_token, peak_bf16, write_result  # noqa: E402
+from common import RESULTS, alone, gpt_flops_per_token, nvidia_driver, peak_bf16, write_result  # noqa: E402
 
 SHAPE = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50304}
 SMOKE = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 512}
@@ -130,14 +129,6 @@ def trainer_runs(steps: int = 40) -> tuple[list[list], str]:
     return rows, notes
 
 
-def driver() -> str:
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> None:
     import torch
 
@@ -155,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("no CUDA device here: run with --quick, or on a machine with a GPU")
     shape = SMOKE if args.quick else SHAPE
     steps, warmup = (3, 1) if args.quick else (args.steps, args.warmup)
-    facts = (f"driver {driver()}, torch {torch.__version__}, "
+    facts = (f"driver {nvidia_driver()}, torch {torch.__version__}, "
              f"NCCL {'.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else 'none'}, "
              f"{datetime.date.today().isoformat()}")
     if args.part != "models" and not args.quick:
