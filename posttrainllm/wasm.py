@@ -1,9 +1,9 @@
 """Module 7's tiny-GPT trainer in WebAssembly (``posttrainllm/assets/wasm/``), driven and checked from Python.
 
 ``posttrainllm/assets/wasm/tinygpt.cpp`` trains the oracle GPT (:mod:`posttrainllm.model`, default architecture) in
-C++ compiled four ways — plain scalar code, 128-bit SIMD and SIMD with threads (Emscripten, run
-under node and in the browser), and Memory64 (zig, run in wasmtime) — and this module is its
-Python side:
+C++ compiled five ways — plain scalar code, 128-bit SIMD and SIMD with threads (Emscripten, run
+under node and in the browser), relaxed SIMD with fused multiply-add (zig, node and the browser)
+and Memory64 (zig, run in wasmtime) — and this module is its Python side:
 
 - the trainer's own initialisation and batch sampler, reproduced in numpy, so that the PyTorch
   oracle can start from the same weights and see the same batches (:func:`init_weights`,
@@ -19,6 +19,7 @@ Python side:
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import math
@@ -35,7 +36,7 @@ from posttrainllm import assets
 
 WASM = assets.folder("wasm")
 DIST = WASM / "dist"
-BUILDS = ("scalar", "simd", "threads", "memory64")
+BUILDS = ("scalar", "simd", "threads", "relaxed", "relaxed-threads", "memory64")
 MEMORY64_LIMIT = 1 << 30  # bytes the Memory64 build may grow to here (it has no fixed ceiling)
 MAGIC = b"PTLGPT1\0"
 BATCH = 16  # module 7's batch size, and the trainer's
@@ -170,6 +171,15 @@ def node() -> str:
     return path
 
 
+@functools.cache
+def node_command() -> tuple[str, ...]:
+    """node and its flags: relaxed SIMD is behind a flag in node 20 (V8 11.3) and on by default
+    from V8 11.4, whose node may no longer accept the flag."""
+    flags = subprocess.run([node(), "--v8-options"], capture_output=True, text=True, check=True).stdout
+    relaxed = ("--experimental-wasm-relaxed-simd",) if "--experimental-wasm-relaxed-simd" in flags else ()
+    return (node(), "--no-experimental-fetch", *relaxed)
+
+
 def _ids(name: str, ids, vocab: int, shape: tuple[int, ...] | None = None) -> None:
     """Token ids as the trainer needs them: whole numbers in ``[0, vocab)`` (and of ``shape``)."""
     array = np.asarray(ids)
@@ -241,7 +251,7 @@ def run(build: str, config: dict, *, threads: int = 1, seed: int = 0, weights: b
                 np.asarray(array, dtype="<i4").tofile(tmp / f"{name}.i32")
             job["batch"] = {name: str(tmp / f"{name}.i32") for name in ("inputs", "targets")}
         (tmp / "job.json").write_text(json.dumps(job, allow_nan=False))  # node's JSON has no NaN
-        done = subprocess.run([node(), "--no-experimental-fetch", str(WASM / "node_run.mjs"), str(tmp / "job.json")],
+        done = subprocess.run([*node_command(), str(WASM / "node_run.mjs"), str(tmp / "job.json")],
                               capture_output=True, text=True, timeout=600)
         if done.returncode != 0 or not done.stdout:
             raise RuntimeError(f"node failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
@@ -337,7 +347,7 @@ class Memory64:
 
 
 BROWSER_FILES = ("trainer.mjs", "worker.js", "cell.js")
-BROWSER_BUILDS = ("simd", "threads")  # every current browser has SIMD; threads need isolation
+BROWSER_BUILDS = ("simd", "threads", "relaxed", "relaxed-threads")  # the cell picks the fastest the browser runs
 
 
 def browser_cell(tok, ids, oracle: list[float], steps: tuple[int, ...] = (10, 100, 300), default: int = 100,
@@ -357,7 +367,8 @@ def browser_cell(tok, ids, oracle: list[float], steps: tuple[int, ...] = (10, 10
     for build in BROWSER_BUILDS:
         files[f"tinygpt-{build}.mjs"] = (DIST / f"tinygpt-{build}.mjs").read_text(encoding="utf-8")
         files[f"tinygpt-{build}.wasm"] = base64.b64encode((DIST / f"tinygpt-{build}.wasm").read_bytes()).decode()
-    files["tinygpt-threads.worker.js"] = (DIST / "tinygpt-threads.worker.js").read_text(encoding="utf-8")
+    for worker in ("tinygpt-threads.worker.js", "freestanding_worker.mjs"):
+        files[worker] = (DIST / worker).read_text(encoding="utf-8")
     settings = {
         "model": trainer_config(config), "tokens": base64.b64encode(ids.tobytes()).decode(),
         "vocab": [base64.b64encode(t).decode() for t in tok.vocab], "prompt": tok.encode_ordinary("Once there was"),

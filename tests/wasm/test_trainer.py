@@ -2,7 +2,12 @@
 gradients after one step, and a loss curve that stays within 1e-3 of the oracle's for 100 steps
 in every build. Bad input answers with the trainer's own message."""
 
+import base64
+import json
 import math
+import platform
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +19,7 @@ from posttrainllm import wasm
 from posttrainllm.model import GPT, GPTConfig
 from tests.wasm.conftest import STEPS
 
-THREADS = {"scalar": 1, "simd": 1, "threads": 2, "memory64": 1}
+THREADS = {"scalar": 1, "simd": 1, "threads": 2, "relaxed": 1, "relaxed-threads": 2, "memory64": 1}
 
 
 def test_committed_builds_are_what_the_source_builds(rebuilt):
@@ -134,7 +139,8 @@ def test_the_trainer_itself_refuses_a_nan_learning_rate(dist):
         wasm.run("memory64", small(), lr=float("nan"), dist=dist, validate=False)
 
 
-@pytest.mark.parametrize("build", ["simd", "threads", "memory64"])  # fixed 64 MB; Memory64 capped at 1 GB here
+# Emscripten's: a fixed 64 MB; zig's relaxed builds: 1 GB at most; Memory64: capped at 1 GB here
+@pytest.mark.parametrize("build", ["simd", "threads", "relaxed", "relaxed-threads", "memory64"])
 def test_a_model_too_big_for_memory_reports_itself(build, dist):
     huge = wasm.trainer_config(GPTConfig(vocab_size=512, block_size=512, n_layer=8, n_head=8, n_embd=256), batch=16)
     with pytest.raises(RuntimeError, match=r"out of memory: this model and batch need \d+ MB"):
@@ -151,12 +157,71 @@ def test_an_unknown_build_is_named():
         wasm.run("sse", small())
 
 
-def test_the_threaded_build_also_runs_on_one_thread(dist, oracle):
-    """A one-core reader gets threads == 1; the threaded build must start and agree with SIMD."""
+@pytest.mark.parametrize(("threaded", "single"), [("threads", "simd"), ("relaxed-threads", "relaxed")])
+def test_the_threaded_build_also_runs_on_one_thread(threaded, single, dist, oracle):
+    """A one-core reader gets threads == 1; the threaded build must start and agree with its
+    single-thread twin."""
     config = wasm.trainer_config(oracle["config"])
-    one = wasm.run("threads", config, threads=1, tokens=oracle["ids"], steps=3, dist=dist)
-    simd = wasm.run("simd", config, threads=1, tokens=oracle["ids"], steps=3, dist=dist)
-    assert one["threads"] == 1 and one["losses"] == simd["losses"]
+    one = wasm.run(threaded, config, threads=1, tokens=oracle["ids"], steps=3, dist=dist)
+    alone = wasm.run(single, config, threads=1, tokens=oracle["ids"], steps=3, dist=dist)
+    assert one["threads"] == 1 and one["losses"] == alone["losses"]
+
+
+def test_threads_do_not_change_the_relaxed_builds_numbers(dist, oracle):
+    """The pool hands out whole rows, so 3 threads compute what 1 does, bit for bit."""
+    config = wasm.trainer_config(oracle["config"])
+    runs = [wasm.run("relaxed-threads", config, threads=n, tokens=oracle["ids"], steps=5, dist=dist) for n in (1, 3)]
+    assert [r["threads"] for r in runs] == [1, 3] and runs[0]["losses"] == runs[1]["losses"]
+    assert np.array_equal(runs[0]["params"], runs[1]["params"])
+
+
+def test_relaxed_simd_uses_fused_multiply_adds(dist, oracle):
+    """Same weights and batch: the relaxed build's logits differ from the SIMD build's in the last
+    bits (one rounding per multiply-add instead of two), by no more than rounding could."""
+    config = wasm.trainer_config(oracle["config"])
+    weights = wasm.weights_bytes(wasm.oracle_at_init(oracle["config"]))
+    x = oracle["ids"][: config["batch"] * config["block"]].reshape(config["batch"], config["block"])
+    y = oracle["ids"][1 : config["batch"] * config["block"] + 1].reshape(x.shape)
+    plain, fused = (wasm.run(build, config, weights=weights, batch=(x, y), dist=dist)["logits"]
+                    for build in ("simd", "relaxed"))
+    assert np.array_equal(plain, fused) != cpu_has_fma()  # without FMA, V8 multiplies and adds
+    assert np.abs(plain - fused).max() < 1e-5 * np.abs(plain).max()
+
+
+def cpu_has_fma() -> bool:
+    """Whether V8 has a fused multiply-add to lower relaxed_madd to: every 64-bit ARM; on x86, FMA3."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return True
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return " fma " in flags.replace("\t", " ").replace("\n", " ")
+
+
+def test_an_engine_without_relaxed_simd_is_told_what_it_lacks(dist, oracle, monkeypatch):
+    if "--experimental-wasm-relaxed-simd" not in wasm.node_command():
+        pytest.skip("this node runs relaxed SIMD without a flag, so it cannot play an engine without it")
+    monkeypatch.setattr(wasm, "node_command", lambda: (wasm.node(), "--no-experimental-fetch"))
+    with pytest.raises(RuntimeError, match="cannot run tinygpt-relaxed.wasm: it needs SIMD, relaxed SIMD"):
+        wasm.run("relaxed", wasm.trainer_config(oracle["config"]), tokens=oracle["ids"], steps=1, dist=dist)
+
+
+@pytest.mark.parametrize(("relaxed", "isolated", "picked"), [
+    (True, True, "relaxed-threads"), (True, False, "relaxed"), (False, True, "threads"), (False, False, "simd")])
+def test_the_browser_cell_picks_the_fastest_build_the_engine_runs(relaxed, isolated, picked, dist, tmp_path):
+    """cell.js's pickBuild in a real V8 (node), with relaxed SIMD switched on or not."""
+    if not relaxed and "--experimental-wasm-relaxed-simd" not in wasm.node_command():
+        pytest.skip("this node runs relaxed SIMD without a flag, so it cannot play an engine without it")
+    (tmp_path / "cell.mjs").write_text((wasm.WASM / "cell.js").read_text())
+    files = {f"tinygpt-{b}.wasm": base64.b64encode((dist / f"tinygpt-{b}.wasm").read_bytes()).decode()
+             for b in wasm.BROWSER_BUILDS}
+    (tmp_path / "files.json").write_text(json.dumps(files))
+    script = (f"import {{pickBuild}} from {json.dumps((tmp_path / 'cell.mjs').as_uri())};"
+              f"import {{readFileSync}} from 'node:fs';"
+              f"const files = JSON.parse(readFileSync({json.dumps(str(tmp_path / 'files.json'))}, 'utf8'));"
+              f"process.stdout.write(pickBuild(files, {json.dumps(isolated)}));")
+    flags = wasm.node_command()[1:] if relaxed else ("--no-experimental-fetch",)
+    done = subprocess.run([wasm.node(), *flags, "--input-type=module", "-e", script], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout == picked
 
 
 @pytest.mark.parametrize("build", wasm.BUILDS)

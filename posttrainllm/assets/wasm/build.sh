@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the WASM trainer into OUT (default wasm/dist): `make wasm` runs this.
-# Four builds of the same source: scalar, 128-bit SIMD and SIMD with threads (Emscripten), and
-# Memory64 (zig, at the end).
+# Six builds of the same source: scalar, 128-bit SIMD and SIMD with threads (Emscripten), and
+# Memory64, relaxed SIMD and relaxed SIMD with threads (zig, at the end).
 #
 # Memory is fixed at 64 MB (no growth): with threads, growing memory replaces the buffer that
 # every worker's views point at, and a worker that reads through an old view sees garbage — the
@@ -27,13 +27,33 @@ emcc "${COMMON[@]}" -msimd128 tinygpt.cpp -o "$OUT/tinygpt-simd.mjs"
 emcc "${COMMON[@]}" -msimd128 -pthread -DTINYGPT_THREADS '-sPTHREAD_POOL_SIZE=Math.max(1,(Module.threads|0)-1)' \
   tinygpt.cpp -o "$OUT/tinygpt-threads.mjs"
 
-# Memory64 (64-bit pointers: no 4 GB ceiling on the model), SIMD, one thread. Debian's
-# Emscripten 3.1.6 cannot produce a working one, so zig's clang builds it (PyPI's ziglang,
-# installed with the project's test extras) for wasm64-freestanding: no libc, so the few libc
-# and C++ pieces the trainer uses come from freestanding/. It runs in wasmtime (the tests) and
-# in browsers with Memory64; node 20 cannot load it.
+# Two builds with zig's clang (PyPI's ziglang, installed with the project's test extras), for a
+# freestanding target: no libc, so the few libc and C++ pieces the trainer uses come from
+# freestanding/.
 ZIG=(${PYTHON:-python3} -m ziglang)
-"${ZIG[@]}" c++ --target=wasm64-freestanding -O3 -std=c++20 -fno-exceptions -fno-rtti -msimd128 \
-  -mbulk-memory -nostdinc++ -nostdlib++ -isystem freestanding -Wl,--no-entry -Wl,--strip-all \
-  $(sed 's/^/-Wl,--export=/' <<<"$API") \
-  -Wl,--export=malloc -Wl,--export=free tinygpt.cpp freestanding/runtime.cpp -o "$OUT/tinygpt64.wasm"
+FREESTANDING=(-O3 -std=c++20 -fno-exceptions -fno-rtti -msimd128 -mbulk-memory -nostdinc++ -nostdlib++
+  -isystem freestanding -Wl,--no-entry -Wl,--strip-all $(sed 's/^/-Wl,--export=/' <<<"$API")
+  -Wl,--export=malloc -Wl,--export=free tinygpt.cpp freestanding/runtime.cpp)
+# Memory64 (64-bit pointers: no 4 GB ceiling on the model), SIMD, one thread: Debian's Emscripten
+# 3.1.6 cannot produce a working one. It runs in wasmtime (the tests) and in browsers with
+# Memory64; node 20 cannot load it.
+"${ZIG[@]}" c++ --target=wasm64-freestanding "${FREESTANDING[@]}" -o "$OUT/tinygpt64.wasm"
+# Relaxed SIMD: the matmul's multiply-adds become f32x4.relaxed_madd, which the engine turns into
+# the CPU's fused multiply-add. Emscripten 3.1.6's clang predates the opcodes browsers shipped, so
+# zig's clang builds it too, for wasm32, with freestanding_loader.mjs as its JavaScript. Memory
+# grows on demand up to 1 GB, so a model too big for that gets tg_create's error. No other
+# multiply-add is fused (-ffp-contract=off): the compiler would fuse those in a loop's vector body
+# and not in its scalar tail, and where a thread's rows end would then change the numbers.
+RELAXED=(--target=wasm32-freestanding -mrelaxed-simd -ffp-contract=off)
+"${ZIG[@]}" c++ "${RELAXED[@]}" -Wl,--max-memory=1073741824 "${FREESTANDING[@]}" \
+  -o "$OUT/tinygpt-relaxed.wasm"
+sed 's/@WASM@/tinygpt-relaxed.wasm/' freestanding_loader.mjs > "$OUT/tinygpt-relaxed.mjs"
+# The same with threads: shared, imported memory (the loader makes it: 16 MB, growing to 1 GB, as
+# here), atomics, and a pool whose Web Workers the loader starts (pool.h, TINYGPT_WORKERS); each
+# worker moves its stack with tg_set_stack (freestanding/stack.S).
+"${ZIG[@]}" c++ "${RELAXED[@]}" -matomics -DTINYGPT_WORKERS -Wl,--import-memory \
+  -Wl,--shared-memory -Wl,--initial-memory=16777216 -Wl,--max-memory=1073741824 -Wl,--export=tg_worker_join \
+  -Wl,--export=tg_worker_serve -Wl,--export=tg_set_stack "${FREESTANDING[@]}" freestanding/stack.S \
+  -o "$OUT/tinygpt-relaxed-threads.wasm"
+sed 's/@WASM@/tinygpt-relaxed-threads.wasm/' freestanding_loader.mjs > "$OUT/tinygpt-relaxed-threads.mjs"
+cp freestanding_worker.mjs "$OUT/"

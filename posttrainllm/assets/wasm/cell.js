@@ -1,8 +1,8 @@
 // The browser cell of module 7: train the tiny GPT in the reader's browser with the WASM trainer.
 // mount(root, files, config) is called by the cell's HTML (posttrainllm.wasm.browser_cell), which
-// passes the JavaScript and the builds inline. Training runs in a Web Worker (wasm/worker.js);
-// with cross-origin isolation it uses the threaded build, otherwise the single-thread SIMD build
-// and a note saying why. When it ends, root.dataset.state is "done" and root.dataset.results
+// passes the JavaScript and the builds inline. Training runs in a Web Worker (wasm/worker.js) on
+// the fastest build the browser runs (pickBuild): relaxed SIMD where its engine has it, threads
+// where the page is cross-origin isolated (otherwise one thread, and a note saying why). When it ends, root.dataset.state is "done" and root.dataset.results
 // holds the run as JSON (the browser tests read it).
 
 const SVG = "http://www.w3.org/2000/svg";
@@ -81,12 +81,28 @@ function lossPlot(steps, oracle) {
   return {plot, add: (step, loss) => line.setAttribute("points", `${line.getAttribute("points")} ${x(step)},${y(loss)}`)};
 }
 
+// the scripts the threaded builds start their workers from: Emscripten's and freestanding_loader.mjs's
+const WORKER_FILES = ["tinygpt-threads.worker.js", "freestanding_worker.mjs"];
+
+const BUILD_NAMES = {
+  "relaxed-threads": "the threaded relaxed-SIMD build (fused multiply-add)",
+  threads: "the threaded SIMD build",
+  relaxed: "the single-thread relaxed-SIMD build (fused multiply-add)",
+  simd: "the single-thread SIMD build",
+};
+
+// The fastest build this engine runs, or null: relaxed SIMD (a fused multiply-add in the matmul)
+// before plain SIMD, and threads only on an isolated page, where SharedArrayBuffer exists.
+export function pickBuild(files, isolated) {
+  const order = isolated ? ["relaxed-threads", "threads", "relaxed", "simd"] : ["relaxed", "simd"];
+  return order.find((build) => WebAssembly.validate(bytes(files[`tinygpt-${build}.wasm`]))) ?? null;
+}
+
 export function mount(root, files, config) {
   root.replaceChildren();
   const status = el("p", {class: "ptl-status"});
   const isolated = Boolean(self.crossOriginIsolated);
   const threads = isolated ? Math.max(1, Math.min(navigator.hardwareConcurrency || 2, 8)) : 1;
-  const build = isolated ? "threads" : "simd";
   const steps = el("select", {class: "ptl-steps", "aria-label": "steps"});
   for (const n of config.stepChoices) {
     const option = el("option", {value: n}, `${n} steps`);
@@ -101,7 +117,8 @@ export function mount(root, files, config) {
   const note = isolationNote(root, status);
   root.append(el("div", {class: "ptl-controls"}, steps, " ", train, " ", stop), status, ...(note ? [note] : []),
               stats, chart, sample);
-  if (!("Worker" in self) || typeof WebAssembly !== "object" || !WebAssembly.validate(bytes(files["tinygpt-simd.wasm"]))) {
+  const build = typeof WebAssembly === "object" ? pickBuild(files, isolated) : null;
+  if (!("Worker" in self) || !build) {
     status.textContent = "This browser cannot run the trainer: it needs Web Workers and WebAssembly with SIMD.";
     root.dataset.state = "unavailable";
     train.disabled = true;
@@ -109,7 +126,7 @@ export function mount(root, files, config) {
   }
   const c = config.model;
   status.textContent = `Ready: a ${c.layers}-layer GPT of width ${c.embd} (the oracle's shape), ` +
-    `${build === "threads" ? `the threaded SIMD build on ${threads} threads` : "the single-thread SIMD build"}.`;
+    `${BUILD_NAMES[build]}${build.endsWith("threads") ? ` on ${threads} threads` : ""}.`;
   root.dataset.state = "ready";
   const vocab = config.vocab.map(bytes);
   const decode = (ids) => new TextDecoder().decode(Uint8Array.from(ids.flatMap((i) => [...vocab[i]])));
@@ -166,7 +183,7 @@ export function mount(root, files, config) {
     worker.postMessage({
       cmd: "train",
       urls: {trainer: blobUrl(files["trainer.mjs"]), build: blobUrl(files[`${file}.mjs`]),
-             pthread: blobUrl(files["tinygpt-threads.worker.js"])},
+             workers: Object.fromEntries(WORKER_FILES.map((name) => [name, blobUrl(files[name])]))},
       wasm: bytes(files[`${file}.wasm`]).buffer, threads, config: c,
       tokens: new Uint16Array(bytes(config.tokens).buffer), seed: config.seed, lr: config.lr, steps: total,
       prompt: config.prompt, sampleLength: config.sampleLength,

@@ -55,6 +55,16 @@ inline void axpy(float* y, const float* x, float s, int n) {
 }
 
 #ifdef __wasm_simd128__
+// acc + a * b: one fused multiply-add where the build has relaxed SIMD (-mrelaxed-simd), which
+// the engine lowers to the CPU's FMA when it has one (and to a multiply and an add when not)
+inline v128_t madd(v128_t a, v128_t b, v128_t acc) {
+#ifdef __wasm_relaxed_simd__
+  return wasm_f32x4_relaxed_madd(a, b, acc);
+#else
+  return wasm_f32x4_add(acc, wasm_f32x4_mul(a, b));
+#endif
+}
+
 inline float lane_sum(v128_t v) {
   return wasm_f32x4_extract_lane(v, 0) + wasm_f32x4_extract_lane(v, 1) + wasm_f32x4_extract_lane(v, 2) +
          wasm_f32x4_extract_lane(v, 3);
@@ -100,8 +110,8 @@ inline void block4x8(const Product& g, const Pass& pass, long i, long j) {
     v128_t b0 = wasm_v128_load(br), b1 = wasm_v128_load(br + 4);
     for (int r = 0; r < 4; ++r) {
       v128_t ar = wasm_v128_load32_splat(a + r);
-      acc[r][0] = wasm_f32x4_add(acc[r][0], wasm_f32x4_mul(ar, b0));
-      acc[r][1] = wasm_f32x4_add(acc[r][1], wasm_f32x4_mul(ar, b1));
+      acc[r][0] = madd(ar, b0, acc[r][0]);
+      acc[r][1] = madd(ar, b1, acc[r][1]);
     }
   }
   for (int r = 0; r < 4; ++r) {

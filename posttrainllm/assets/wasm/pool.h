@@ -8,9 +8,101 @@
 //
 // Under Emscripten the worker threads are Web Workers sharing the module's memory; the build
 // pre-spawns them (-sPTHREAD_POOL_SIZE) because a worker cannot start a new one synchronously.
+// The freestanding build with workers (TINYGPT_WORKERS: zig's clang, no libc, no threads library)
+// has its Web Workers started by its JavaScript (freestanding_loader.mjs), and they wait with the
+// WebAssembly atomics themselves.
 #pragma once
 
-#ifndef TINYGPT_THREADS
+#if defined(TINYGPT_WORKERS)
+// Each worker instance calls tg_worker_join() once, which numbers it from 1, then
+// tg_worker_serve(id), which never returns. One set of workers per module: the pool is the
+// module's state, and a Pool object only sets how many of the joined workers take part.
+namespace workers {
+
+// A training step is dozens of short loops back to back: a worker that went to sleep after each
+// would pay an Atomics.wait round trip every time, so it spins a little first.
+constexpr int SPINS = 1 << 18;
+constexpr int CHUNKS = 8;  // per thread
+
+inline int joined = 0;  // workers that have called tg_worker_join
+inline unsigned generation = 0;  // one more for each job handed out
+inline int active = 0;           // workers 1 .. active take part in this job
+inline int next = 0, pending = 0, sleepers = 0, chunks = 0, n = 0;
+inline const void* job = nullptr;
+inline void (*call)(const void* job, int begin, int end) = nullptr;
+
+template <class T>
+T load(const T& x) {
+  return __atomic_load_n(&x, __ATOMIC_SEQ_CST);
+}
+
+inline void run_chunks() {
+  for (int c; (c = __atomic_fetch_add(&next, 1, __ATOMIC_SEQ_CST)) < chunks;) {
+    int begin = static_cast<int>(static_cast<long long>(n) * c / chunks);
+    int end = static_cast<int>(static_cast<long long>(n) * (c + 1) / chunks);
+    call(job, begin, end);
+  }
+}
+
+}  // namespace workers
+
+extern "C" {
+int tg_worker_join() { return __atomic_fetch_add(&workers::joined, 1, __ATOMIC_SEQ_CST) + 1; }
+
+void tg_worker_serve(int id) {
+  using namespace workers;
+  for (unsigned seen = load(generation);;) {
+    unsigned now = load(generation);
+    for (int spin = 0; now == seen && spin < SPINS; ++spin) now = load(generation);
+    while (now == seen) {  // a sleeper is counted before it waits, so the caller knows to wake it
+      __atomic_fetch_add(&sleepers, 1, __ATOMIC_SEQ_CST);
+      __builtin_wasm_memory_atomic_wait32(reinterpret_cast<int*>(&generation), static_cast<int>(seen), -1);
+      __atomic_fetch_sub(&sleepers, 1, __ATOMIC_SEQ_CST);
+      now = load(generation);
+    }
+    seen = now;
+    if (id > load(active)) continue;
+    run_chunks();
+    __atomic_fetch_sub(&pending, 1, __ATOMIC_SEQ_CST);
+  }
+}
+}
+
+class Pool {
+ public:
+  // as many threads as asked for, if enough workers have joined
+  explicit Pool(int threads) {
+    int have = 1 + workers::load(workers::joined);
+    threads_ = threads < 1 ? 1 : threads > have ? have : threads;
+  }
+
+  int threads() const { return threads_; }
+
+  template <class Fn>
+  void parallel_for(int n, const Fn& fn) {
+    using namespace workers;
+    if (threads_ == 1 || n < 2) {
+      fn(0, n);
+      return;
+    }
+    job = &fn;
+    call = [](const void* f, int begin, int end) { (*static_cast<const Fn*>(f))(begin, end); };
+    workers::n = n;
+    chunks = n < CHUNKS * threads_ ? n : CHUNKS * threads_;
+    __atomic_store_n(&next, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&active, threads_ - 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&pending, threads_ - 1, __ATOMIC_SEQ_CST);
+    __atomic_fetch_add(&generation, 1, __ATOMIC_SEQ_CST);
+    if (load(sleepers) > 0) __builtin_wasm_memory_atomic_notify(reinterpret_cast<int*>(&generation), ~0u);
+    run_chunks();
+    while (load(pending) != 0) {
+    }
+  }
+
+ private:
+  int threads_;
+};
+#elif !defined(TINYGPT_THREADS)
 // A build without threads runs every loop on the caller, and needs none of the C++ thread
 // library (the freestanding Memory64 build has none).
 class Pool {
@@ -113,4 +205,4 @@ class Pool {
   std::atomic<unsigned> generation_{0};
   std::atomic<bool> stopping_{false};
 };
-#endif  // TINYGPT_THREADS
+#endif  // TINYGPT_WORKERS, TINYGPT_THREADS

@@ -9,6 +9,8 @@ export const BUILDS = {
   scalar: "tinygpt-scalar.mjs",
   simd: "tinygpt-simd.mjs",
   threads: "tinygpt-threads.mjs",
+  relaxed: "tinygpt-relaxed.mjs",  // zig's builds, with freestanding_loader.mjs for a runtime
+  "relaxed-threads": "tinygpt-relaxed-threads.mjs",
 };
 
 export class Trainer {

@@ -1,8 +1,8 @@
 // The Web Worker that trains the tiny GPT for the browser cell (wasm/cell.js), so the page stays
 // responsive while it runs. It is a module worker; everything it loads arrives as blob: URLs.
 //
-// in:  {cmd: "train", urls: {trainer, build, pthread}, wasm, threads, config, tokens, seed, lr,
-//       steps, prompt, sampleLength}   and   {cmd: "stop"}
+// in:  {cmd: "train", urls: {trainer, build, workers: {file name: url}}, wasm, threads, config,
+//       tokens, seed, lr, steps, prompt, sampleLength}   and   {cmd: "stop"}
 // out: {kind: "ready" | "step" | "done" | "error", ...}
 let stopping = false;
 
@@ -18,9 +18,9 @@ self.onmessage = async ({data}) => {
     const trainer = await Trainer.load(factory, {
       threads: data.threads,
       wasmBinary: data.wasm,
-      // the threaded build's pthread workers load the same module, and their own script, by URL
+      // a threaded build's workers load their own script by URL (Emscripten's also the build's)
       mainScriptUrlOrBlob: data.urls.build,
-      locateFile: (name) => (name.endsWith(".worker.js") ? data.urls.pthread : name),
+      locateFile: (name) => data.urls.workers[name] ?? name,
     });
     trainer.create(data.config, data.threads, data.seed);
     trainer.setTokens(data.tokens, data.seed);

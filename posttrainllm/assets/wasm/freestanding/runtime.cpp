@@ -1,9 +1,10 @@
 // The definitions behind this folder's headers, for the freestanding Memory64 build.
 //
 // Memory: a first-fit free list over blocks carved from the end of the heap, which grows with
-// memory.grow when it runs out. This build is single-threaded, so growing is safe; the threaded
-// browser build cannot do this (growth would swap the buffer under every worker's feet), which
-// is why that one allocates all its memory up front instead.
+// memory.grow when it runs out. In the build with workers (TINYGPT_WORKERS) a spin lock keeps
+// the list whole when two workers allocate at once; growing is safe there too, because the
+// workers touch memory only from WebAssembly, never through a JavaScript view of the old buffer
+// (Emscripten's threaded build allocates all its memory up front for that reason).
 //
 // Math: exp, log, erf and cos in double precision by argument reduction and series, to about
 // 1e-15 — accurate enough that the float results round as a libm's do, nearly always.
@@ -42,11 +43,25 @@ void* carve(size_t n) {
   return reinterpret_cast<unsigned char*>(b) + HEADER;
 }
 
+#ifdef TINYGPT_WORKERS
+int lock_word = 0;
+struct Locked {
+  Locked() {
+    while (__atomic_exchange_n(&lock_word, 1, __ATOMIC_ACQUIRE)) {
+    }
+  }
+  ~Locked() { __atomic_store_n(&lock_word, 0, __ATOMIC_RELEASE); }
+};
+#else
+struct Locked {};
+#endif
+
 }  // namespace
 
 extern "C" {
 
 void* malloc(size_t n) {
+  Locked locked;
   n = (n + ALIGN - 1) / ALIGN * ALIGN;
   for (Block** link = &free_list; *link; link = &(*link)->next) {
     Block* b = *link;
@@ -60,6 +75,7 @@ void* malloc(size_t n) {
 
 void free(void* p) {
   if (!p) return;
+  Locked locked;
   auto* b = reinterpret_cast<Block*>(static_cast<unsigned char*>(p) - HEADER);
   b->next = free_list;
   free_list = b;
