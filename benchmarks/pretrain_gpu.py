@@ -67,8 +67,24 @@ def build(name: str, shape: dict):
     return model, loss
 
 
-def measure(name: str, shape: dict, batch: int, steps: int, warmup: int, compile_: bool) -> dict:
-    """Tokens/s of ``steps`` training steps after ``warmup`` (compilation happens there)."""
+def measure(name: str, shape: dict, batch: int, steps: int, warmup: int, compile_: str | None,
+            sdpa: str = "default", profile: bool = False) -> dict:
+    """Tokens/s of ``steps`` training steps after ``warmup`` (compilation happens there).
+
+    ``compile_`` is a ``torch.compile`` mode (None: eager); ``sdpa`` pins SDPA's kernel; with
+    ``profile``, the result also holds the GPU kernels' share of the timed steps, largest first."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    with sdpa_kernel(backends[sdpa]) if sdpa in backends else contextlib.nullcontext():
+        return _measure(name, shape, batch, steps, warmup, compile_, profile)
+
+
+def _measure(name: str, shape: dict, batch: int, steps: int, warmup: int, compile_: str | None,
+             profile: bool) -> dict:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -77,7 +93,7 @@ def measure(name: str, shape: dict, batch: int, steps: int, warmup: int, compile
     model.to(device).train()
     n_params = sum(p.numel() for p in model.parameters())
     if compile_:
-        loss_fn = torch.compile(loss_fn)
+        loss_fn = torch.compile(loss_fn, mode=None if compile_ == "default" else compile_)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     generator = torch.Generator().manual_seed(0)
     x = torch.randint(0, shape["vocab_size"], (batch, shape["block_size"] + 1), generator=generator).to(device)
@@ -100,8 +116,29 @@ def measure(name: str, shape: dict, batch: int, steps: int, warmup: int, compile
         last = step()
     sync()
     seconds = time.perf_counter() - began
-    return {"tokens_per_s": batch * shape["block_size"] * steps / seconds, "n_params": n_params,
-            "loss": float(last), "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+    result = {"tokens_per_s": batch * shape["block_size"] * steps / seconds, "n_params": n_params,
+              "loss": float(last), "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+    if profile:
+        result["kernels"] = kernel_shares(step, device)
+    return result
+
+
+def kernel_shares(step, device: str, steps: int = 5, top: int = 25) -> list[tuple[str, float]]:
+    """The ``top`` kernels' shares of the device time over ``steps`` profiled steps."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activity = ProfilerActivity.CUDA if device == "cuda" else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        for _ in range(steps):
+            step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    attr = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attr) > 0]
+    total = sum(getattr(e, attr) for e in events)
+    events.sort(key=lambda e: -getattr(e, attr))
+    return [(e.key[:90], getattr(e, attr) / total) for e in events[:top]]
 
 
 def trainer_runs(steps: int = 40) -> tuple[list[list], str]:
@@ -141,11 +178,18 @@ def main(argv: list[str] | None = None) -> None:
                         help="rows of 1024 tokens per step; several give a row each")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--compile-mode", default="default",
+                        choices=("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"))
+    parser.add_argument("--sdpa", choices=("default", "flash", "cudnn", "efficient"), default="default",
+                        help="pin scaled_dot_product_attention's kernel (default: PyTorch picks)")
+    parser.add_argument("--profile", action="store_true",
+                        help="print each model's largest GPU kernels after its first run")
     args = parser.parse_args(argv)
     if not args.quick and not torch.cuda.is_available():
         parser.error("no CUDA device here: run with --quick, or on a machine with a GPU")
     shape = SMOKE if args.quick else SHAPE
     steps, warmup = (3, 1) if args.quick else (args.steps, args.warmup)
+    compile_ = None if args.quick else args.compile_mode
     facts = (f"driver {nvidia_driver()}, torch {torch.__version__}, "
              f"NCCL {'.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else 'none'}, "
              f"{datetime.date.today().isoformat()}")
@@ -163,7 +207,12 @@ def main(argv: list[str] | None = None) -> None:
         runs: dict[str, list[dict]] = {"posttrainllm": [], "transformers": []}
         for _ in range(args.rounds):
             for name in runs:  # the two take turns, so drift over the run hits both alike
-                runs[name].append(alone(measure, name, shape, batch, steps, warmup, not args.quick))
+                runs[name].append(alone(measure, name, shape, batch, steps, warmup, compile_, args.sdpa,
+                                        args.profile and not runs[name]))
+                if "kernels" in runs[name][-1]:
+                    print(f"{name}, batch {batch}: share of device time by kernel")
+                    for kernel, share in runs[name][-1]["kernels"]:
+                        print(f"  {100 * share:5.1f}%  {kernel}")
         gpu = runs["posttrainllm"][0]["device"]
         peak = peak_bf16(gpu)
         baseline = statistics.median(r["tokens_per_s"] for r in runs["transformers"])
@@ -176,7 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     peak = peak_bf16(gpu)
     notes = (f"{gpu}, {facts}, transformers {__import__('transformers').__version__}. "
              f"Rows of {shape['block_size']} tokens, bf16 autocast, SDPA, "
-             f"{'eager' if args.quick else 'torch.compile'}, fused AdamW; "
+             f"{'eager' if args.quick else f'torch.compile (mode {args.compile_mode})'}, "
+             f"SDPA kernel {args.sdpa}, fused AdamW; "
              f"median of {args.rounds} runs of {steps} steps after {warmup}, each run in a fresh process. "
              f"MFU: 6N + 12 L d T FLOPs per token over a dense bf16 peak of "
              f"{peak / 1e12 if peak else 'unknown'} TFLOP/s.")
