@@ -74,6 +74,8 @@ def training_rows(config, ids, steps: int, oracle: np.ndarray) -> list[list]:
         "scalar": (1, "WASM trainer, scalar", "runs in a browser, no install"),
         "simd": (1, "WASM trainer, 128-bit SIMD", "4 floats per instruction"),
         "threads": (2, "WASM trainer, SIMD + 2 threads", "several cores"),
+        "relaxed": (1, "WASM trainer, relaxed SIMD", "fused multiply-adds in the matmul"),
+        "relaxed-threads": (2, "WASM trainer, relaxed SIMD + 2 threads", "fused multiply-adds, several cores"),
         "memory64": (1, "WASM trainer, Memory64 (wasmtime)", "models past 4 GB of memory"),
     }
     rows = []
