@@ -135,13 +135,39 @@ inline void column4(const Product& g, const Pass& pass, long i, long j) {
   }
 }
 
+// panel[4 p + r] = A(i + r, p0 + p) for p < depth, r < 4. The two layouts the trainer uses move
+// whole vectors: A stored by columns (the backward products' dy^T) gives a step's four values
+// side by side, one load; A stored by rows (x, dy) gives four rows, which are read four steps at a
+// time and transposed in registers. Any other layout goes value by value.
+inline void pack4(const Operand& a, long i, int p0, int depth, float* panel) {
+  int p = 0;
+  if (a.row == 1) {
+    for (const float* src = a.data + i + p0 * a.col; p < depth; ++p, src += a.col)
+      wasm_v128_store(panel + 4 * p, wasm_v128_load(src));
+  } else if (a.col == 1) {
+    const float* r0 = a.data + i * a.row + p0;
+    const float *r1 = r0 + a.row, *r2 = r1 + a.row, *r3 = r2 + a.row;
+    for (; p + 4 <= depth; p += 4) {
+      v128_t x0 = wasm_v128_load(r0 + p), x1 = wasm_v128_load(r1 + p);
+      v128_t x2 = wasm_v128_load(r2 + p), x3 = wasm_v128_load(r3 + p);
+      v128_t lo01 = wasm_i32x4_shuffle(x0, x1, 0, 4, 1, 5), hi01 = wasm_i32x4_shuffle(x0, x1, 2, 6, 3, 7);
+      v128_t lo23 = wasm_i32x4_shuffle(x2, x3, 0, 4, 1, 5), hi23 = wasm_i32x4_shuffle(x2, x3, 2, 6, 3, 7);
+      wasm_v128_store(panel + 4 * p, wasm_i32x4_shuffle(lo01, lo23, 0, 1, 4, 5));
+      wasm_v128_store(panel + 4 * p + 4, wasm_i32x4_shuffle(lo01, lo23, 2, 3, 6, 7));
+      wasm_v128_store(panel + 4 * p + 8, wasm_i32x4_shuffle(hi01, hi23, 0, 1, 4, 5));
+      wasm_v128_store(panel + 4 * p + 12, wasm_i32x4_shuffle(hi01, hi23, 2, 3, 6, 7));
+    }
+  }
+  for (; p < depth; ++p)
+    for (int r = 0; r < 4; ++r) panel[4 * p + r] = a(i + r, p0 + p);
+}
+
 // Rows [i, i + 4) of C, pass by pass
 inline void rows4(const Product& g, long i) {
   alignas(16) float panel[4 * DEPTH];
   for (int p0 = 0; p0 < g.P; p0 += DEPTH) {
     const int depth = g.P - p0 < DEPTH ? g.P - p0 : DEPTH;
-    for (int p = 0; p < depth; ++p)
-      for (int r = 0; r < 4; ++r) panel[4 * p + r] = g.a(i + r, p0 + p);
+    pack4(g.a, i, p0, depth, panel);
     const Pass pass{panel, g.b + p0 * g.ldb, depth, p0 > 0 || g.accumulate, p0 == 0 && g.bias};
     int j = 0;
     for (; j + 8 <= g.N; j += 8) block4x8(g, pass, i, j);
