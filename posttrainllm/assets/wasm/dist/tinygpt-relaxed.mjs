@@ -23,7 +23,7 @@ export default async function createTinyGPT(options = {}) {
   const bytes = await binary(options);
   if (!WebAssembly.validate(bytes)) {
     throw new Error(`this WebAssembly engine cannot run ${WASM_FILE}: it needs SIMD, relaxed SIMD and threads ` +
-      "(Chrome 114, Firefox 120 and node 22 have them; node 20 needs --experimental-wasm-relaxed-simd)");
+      "(V8 has them by default from 11.4: Chrome 114, node 22; node 20 needs --experimental-wasm-relaxed-simd)");
   }
   const module = await WebAssembly.compile(bytes);
   const shared = WebAssembly.Module.imports(module).some((i) => i.kind === "memory");
