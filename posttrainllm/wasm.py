@@ -1,9 +1,9 @@
 """Module 7's tiny-GPT trainer in WebAssembly (``posttrainllm/assets/wasm/``), driven and checked from Python.
 
 ``posttrainllm/assets/wasm/tinygpt.cpp`` trains the oracle GPT (:mod:`posttrainllm.model`, default architecture) in
-C++ compiled five ways — plain scalar code, 128-bit SIMD and SIMD with threads (Emscripten, run
-under node and in the browser), relaxed SIMD with fused multiply-add (zig, node and the browser)
-and Memory64 (zig, run in wasmtime) — and this module is its Python side:
+C++ compiled six ways — plain scalar code, 128-bit SIMD and SIMD with threads (Emscripten, run
+under node and in the browser), relaxed SIMD with fused multiply-add, alone and with threads (zig,
+node and the browser), and Memory64 (zig, run in wasmtime) — and this module is its Python side:
 
 - the trainer's own initialisation and batch sampler, reproduced in numpy, so that the PyTorch
   oracle can start from the same weights and see the same batches (:func:`init_weights`,

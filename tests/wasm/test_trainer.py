@@ -200,7 +200,7 @@ def test_an_engine_without_relaxed_simd_is_told_what_it_lacks(dist, oracle, monk
     if "--experimental-wasm-relaxed-simd" not in wasm.node_command():
         pytest.skip("this node runs relaxed SIMD without a flag, so it cannot play an engine without it")
     monkeypatch.setattr(wasm, "node_command", lambda: (wasm.node(), "--no-experimental-fetch"))
-    with pytest.raises(RuntimeError, match="cannot run tinygpt-relaxed.wasm: it needs SIMD, relaxed SIMD"):
+    with pytest.raises(RuntimeError, match="cannot run tinygpt-relaxed.wasm: it needs SIMD and relaxed SIMD"):
         wasm.run("relaxed", wasm.trainer_config(oracle["config"]), tokens=oracle["ids"], steps=1, dist=dist)
 
 

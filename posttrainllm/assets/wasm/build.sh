@@ -27,7 +27,7 @@ emcc "${COMMON[@]}" -msimd128 tinygpt.cpp -o "$OUT/tinygpt-simd.mjs"
 emcc "${COMMON[@]}" -msimd128 -pthread -DTINYGPT_THREADS '-sPTHREAD_POOL_SIZE=Math.max(1,(Module.threads|0)-1)' \
   tinygpt.cpp -o "$OUT/tinygpt-threads.mjs"
 
-# Two builds with zig's clang (PyPI's ziglang, installed with the project's test extras), for a
+# Three builds with zig's clang (PyPI's ziglang, installed with the project's test extras), for a
 # freestanding target: no libc, so the few libc and C++ pieces the trainer uses come from
 # freestanding/.
 ZIG=(${PYTHON:-python3} -m ziglang)

@@ -2,8 +2,9 @@
 // mount(root, files, config) is called by the cell's HTML (posttrainllm.wasm.browser_cell), which
 // passes the JavaScript and the builds inline. Training runs in a Web Worker (wasm/worker.js) on
 // the fastest build the browser runs (pickBuild): relaxed SIMD where its engine has it, threads
-// where the page is cross-origin isolated (otherwise one thread, and a note saying why). When it ends, root.dataset.state is "done" and root.dataset.results
-// holds the run as JSON (the browser tests read it).
+// where the page is cross-origin isolated (otherwise one thread, and a note saying why). When it
+// ends, root.dataset.state is "done" and root.dataset.results holds the run as JSON (the browser
+// tests read it).
 
 const SVG = "http://www.w3.org/2000/svg";
 

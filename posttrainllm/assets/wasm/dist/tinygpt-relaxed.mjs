@@ -22,8 +22,9 @@ async function binary(options) {
 export default async function createTinyGPT(options = {}) {
   const bytes = await binary(options);
   if (!WebAssembly.validate(bytes)) {
-    throw new Error(`this WebAssembly engine cannot run ${WASM_FILE}: it needs SIMD, relaxed SIMD and threads ` +
-      "(V8 has them by default from 11.4: Chrome 114, node 22; node 20 needs --experimental-wasm-relaxed-simd)");
+    throw new Error(`this WebAssembly engine cannot run ${WASM_FILE}: it needs SIMD and relaxed SIMD (and threads, ` +
+      "for the threaded build); V8 has them by default from 11.4 (Chrome 114, node 22), and node 20 needs " +
+      "--experimental-wasm-relaxed-simd");
   }
   const module = await WebAssembly.compile(bytes);
   const shared = WebAssembly.Module.imports(module).some((i) => i.kind === "memory");

@@ -1,4 +1,4 @@
-// The definitions behind this folder's headers, for the freestanding Memory64 build.
+// The definitions behind this folder's headers, for zig's freestanding builds (Memory64, relaxed SIMD).
 //
 // Memory: a first-fit free list over blocks carved from the end of the heap, which grows with
 // memory.grow when it runs out. In the build with workers (TINYGPT_WORKERS) a spin lock keeps
