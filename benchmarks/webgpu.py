@@ -32,7 +32,9 @@ from common import RESULTS, alone, write_result  # noqa: E402
 from posttrainllm import webgpu  # noqa: E402
 
 HEADS, HEAD_SIZE = 8, 64
-TABLES = ("matmul", "attention", "backward", "softmax")
+TABLES = ("matmul", "attention", "backward", "softmax", "shapes")
+# the shapes table: the same total work (heads x T^2) cut as more heads or as longer rows
+SHAPES = [(8, 1024), (32, 1024), (8, 2048), (32, 2048), (2, 4096), (8, 4096)]
 
 
 def torch_baselines(sizes: list[int], lengths: list[int], heads: int, d: int, repeat: int) -> dict:
@@ -123,11 +125,15 @@ def matmul_run(file: str, params: str, n: int, args) -> tuple:
     return timing.median_ms, float(np.abs(c - a.astype(np.float64) @ weights.astype(np.float64)).max()), timing.method
 
 
+def ready(variants: list[dict], adapter: dict) -> list[dict]:
+    """The variants this adapter can run: those that need no optional feature it lacks."""
+    return [v for v in variants if not v.get("feature") or v["feature"] in adapter["features"]]
+
+
 def matmul_table(adapter: dict, args, sizes: list[int], baselines: dict, suffix: str, context: str) -> None:
     variants = webgpu.variants("matmul")
-    ready = [v for v in variants if not v.get("feature") or v["feature"] in adapter["features"]]
     measured = in_rounds(matmul_run, [(v["file"], json.dumps(v["params"], sort_keys=True), n)
-                                      for n in sizes for v in ready], args)
+                                      for n in sizes for v in ready(variants, adapter)], args)
     rows = []
     for n in sizes:
         torch_gflops = None
@@ -136,7 +142,7 @@ def matmul_table(adapter: dict, args, sizes: list[int], baselines: dict, suffix:
             rows.append([n, "torch.matmul (CUDA, fp32, TF32 off)", f"{torch_gflops:,.0f}", "1.00", f"{err:.1e}",
                          "CUDA events"])
         for v in variants:
-            if v not in ready:
+            if v not in ready(variants, adapter):
                 rows.append([n, v["name"], "-", "-", "-", f"needs {v['feature']}"])
                 continue
             ms, err, method = measured[v["file"], json.dumps(v["params"], sort_keys=True), n]
@@ -176,13 +182,13 @@ def in_rounds(fn, items: list, args) -> dict:
     return out
 
 
-def attention_run(file: str, params: str, t: int, args) -> tuple:
+def attention_run(file: str, params: str, t: int, args, heads: int = HEADS) -> tuple:
     """One attention kernel at one length, in a process of its own: ``(ms, error, method)``, or
     ``(None, reason, "")`` when the runtime refuses the kernel (the naive kernel's private row at
     T = 4096) or the device is lost, so one failure cannot take the rest of the table with it."""
     try:
         gpu = open_gpu(args)
-        q, k, v = attention_inputs(HEADS, t, HEAD_SIZE)
+        q, k, v = attention_inputs(heads, t, HEAD_SIZE)
         out, lse = webgpu.attention_reference(q, k, v)
         o, lse_gpu, timing = gpu.attention(q, k, v, file, json.loads(params), repeat=args.repeat)
         return timing.median_ms, float(max(np.abs(o - out).max(), np.abs(lse_gpu - lse).max())), timing.method
@@ -195,7 +201,7 @@ def attention_run(file: str, params: str, t: int, args) -> tuple:
 def attention_table(adapter: dict, args, lengths: list[int], baselines: dict, suffix: str, context: str) -> None:
     items = []
     for t in lengths:
-        for variant in webgpu.variants("attention"):
+        for variant in ready(webgpu.variants("attention"), adapter):
             params = dict(variant["params"])
             if "naive" in variant["file"]:
                 params["MAX_T"] = max(t, 1024)  # the private score row must hold the whole context
@@ -207,7 +213,11 @@ def attention_table(adapter: dict, args, lengths: list[int], baselines: dict, su
         if sdpa:
             rows.append([t, "torch SDPA (CUDA, fp32)", f"{sdpa[0]:.3f}", "1.00", f"{sdpa[1]:.1e}", "CUDA events"])
         times = {}
-        for variant, item in zip(webgpu.variants("attention"), [i for i in items if i[2] == t], strict=True):
+        for variant in webgpu.variants("attention"):
+            if variant not in ready([variant], adapter):
+                rows.append([t, variant["name"], "-", "-", "-", f"needs {variant['feature']}"])
+                continue
+            item = next(i for i in items if i[2] == t and i[0] == variant["file"])
             ms, err, method = measured[item]
             if ms is None:
                 rows.append([t, variant["name"], "-", "-", "-", err])
@@ -229,6 +239,33 @@ def attention_table(adapter: dict, args, lengths: list[int], baselines: dict, su
         f"device. {timing_note(args)} {adapter_note(adapter)}",
         args.out,
     )
+
+
+def shape_run(file: str, params: str, t: int, heads: int, args) -> tuple:
+    return attention_run(file, params, t, args, heads)
+
+
+def shapes_table(adapter: dict, args, suffix: str, context: str) -> None:
+    """The FlashAttention-2 forwards at the same total work cut two ways: more heads, or longer rows.
+
+    If time grew only with the work (heads x T^2), 8 heads at 2048 and 2 at 4096 would take the
+    same time, and 32 at 2048 the same as 8 at 4096; the table shows where that stops holding."""
+    files = [v for v in ready(webgpu.variants("attention"), adapter) if "flash2" in v["file"]]
+    shapes = [(2, 64), (2, 128)] if args.quick else SHAPES
+    items = [(v["file"], "{}", t, heads) for heads, t in shapes for v in files]
+    measured = in_rounds(shape_run, items, args)
+    rows = []
+    for heads, t in shapes:
+        for v in files:
+            ms, err, method = measured[(v["file"], "{}", t, heads)]
+            work = heads * t * t / (8 * 1024 * 1024)
+            rows.append([heads, t, f"{work:g}", v["name"], "-" if ms is None else f"{ms:.3f}",
+                         "-" if ms is None else f"{ms / work:.3f}", err if ms is None else method])
+    write_result(f"webgpu_attention_shapes_{suffix}", "FlashAttention-2 forward: the same work as more heads or as "
+                 f"longer rows, on {adapter['name']}{context}",
+                 ["heads", "T", "work (8 heads x 1024^2 = 1)", "kernel", "ms", "ms per unit of work", "timing"],
+                 rows, f"Head size {HEAD_SIZE}; each kernel and shape in a fresh process and device. "
+                 f"{timing_note(args)} {adapter_note(adapter)}", args.out)
 
 
 def backward_run(t: int, args) -> tuple[float, float, str]:
@@ -332,6 +369,8 @@ def main(argv: list[str] | None = None) -> None:
         backward_table(adapter, args, lengths, baselines, suffix, context)
     if "softmax" in args.tables:
         softmax_table(adapter, args, suffix, context)
+    if "shapes" in args.tables:
+        shapes_table(adapter, args, suffix, context)
 
 if __name__ == "__main__":
     main()

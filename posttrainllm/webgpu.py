@@ -192,8 +192,10 @@ class GPU:
         if adapter is None:
             raise RuntimeError("no WebGPU adapter: is a Vulkan driver installed? (see posttrainllm.webgpu.DRIVERS)")
         self.info = dict(adapter.info)
-        self.features = set(adapter.features)
-        wanted = [f for f in ("shader-f16", "timestamp-query") if f in self.features]
+        offered = set(adapter.features)
+        wanted = [f for f in ("shader-f16", "timestamp-query", "subgroup") if f in offered]
+        # the book names features as WebGPU does; wgpu-native says "subgroup" for "subgroups"
+        self.features = {"subgroups" if f == "subgroup" else f for f in offered}
         limits = {k: adapter.limits[k] for k in ("max-storage-buffer-binding-size", "max-buffer-size",
                                                  "max-compute-workgroup-storage-size")}
         self.device = adapter.request_device_sync(required_features=wanted, required_limits=limits)
@@ -216,8 +218,12 @@ class GPU:
         own declarations, and its constants. A WGSL error raises with the compiler's message (line
         and column); a kernel needing a missing optional feature says which, and one whose private
         arrays pass :data:`PRIVATE_BYTES_LIMIT` is refused before the driver compiles it."""
-        if "enable f16;" in wgsl and "shader-f16" not in self.features:
-            raise RuntimeError(f"{label} needs the WebGPU feature shader-f16, which {self.name} lacks")
+        for enable, feature in (("enable f16;", "shader-f16"), ("enable subgroups;", "subgroups")):
+            if enable in wgsl and feature not in self.features:
+                raise RuntimeError(f"{label} needs the WebGPU feature {feature}, which {self.name} lacks")
+        # naga (wgpu's compiler) has the subgroup builtins but rejects the directive that WGSL, and
+        # so the browser, requires
+        wgsl = wgsl.replace("enable subgroups;", "")
         # checked before the driver sees the kernel: on the H200, handing it the naive kernel at
         # MAX_T = 4096 lost the device
         needs = resources(wgsl)

@@ -102,3 +102,10 @@ def test_what_the_readme_says_of_the_h200_training_figures():
     # "two runs from scratch differ in their fourth digit; the resumed run stayed closer than that"
     assert 1e-4 < spread["second run, from scratch"] < 1e-2
     assert spread["first run resumed from step 20"] < spread["second run, from scratch"]
+
+
+def test_what_the_readme_says_of_the_notebooks_on_a_gpu():
+    rows = committed("notebooks_gpu")["rows"]
+    notebooks = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
+    assert sorted(row[0] for row in rows) == notebooks
+    assert all(row[1] == "ran" for row in rows)  # "on an H200 all ten did"

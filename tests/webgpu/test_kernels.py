@@ -84,6 +84,10 @@ ATTENTION = webgpu.variants("attention")
 @pytest.mark.parametrize("variant", ATTENTION, ids=lambda v: v["name"])
 def test_causal_attention_matches_numpy(gpu, variant, t):
     q, k, v = (np.random.default_rng(t + i).standard_normal((2, t, 64)).astype(np.float32) for i in range(3))
+    if variant.get("feature") and variant["feature"] not in gpu.features:
+        with pytest.raises(RuntimeError, match=variant["feature"]):
+            gpu.attention(q, k, v, variant["file"], variant["params"])
+        return
     o, lse, _ = gpu.attention(q, k, v, variant["file"], variant["params"])
     o_ref, lse_ref = webgpu.attention_reference(q, k, v)
     np.testing.assert_allclose(o, o_ref, rtol=1e-4, atol=1e-5)
@@ -129,6 +133,14 @@ def test_attention_backward_checks_its_inputs(gpu):
     with pytest.raises(ValueError, match="written for head size D=64, got 32"):
         small = np.zeros((2, 8, 32), np.float32)
         gpu.attention_backward(small, small, small, small, lse, small)
+
+
+def test_a_kernel_needing_subgroups_is_refused_by_name_where_they_are_missing(gpu, monkeypatch):
+    wgsl = webgpu.source("attention_flash2_quads.wgsl")
+    assert wgsl.startswith("enable subgroups;")  # standard WGSL, as the browser needs it
+    monkeypatch.setattr(gpu, "features", gpu.features - {"subgroups"})
+    with pytest.raises(RuntimeError, match="needs the WebGPU feature subgroups"):
+        gpu.compile(wgsl, "attention_flash2_quads.wgsl")
 
 
 def test_attention_refuses_what_its_compiled_shape_cannot_hold(gpu):

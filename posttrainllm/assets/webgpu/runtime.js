@@ -29,7 +29,7 @@ export async function getDevice({onLost} = {}) {
       "WebGPU is there, but the browser offered no GPU adapter (no usable GPU or driver, or GPU " +
       "acceleration is turned off). Chrome's chrome://gpu page says why.");
   }
-  const wanted = ["shader-f16", "timestamp-query"].filter((f) => adapter.features.has(f));
+  const wanted = ["shader-f16", "timestamp-query", "subgroups"].filter((f) => adapter.features.has(f));
   // WebGPU's default is 16 KB of workgroup memory; the double-buffered matmuls need 32, which most
   // adapters offer when asked: ask for what this one has
   const workgroupBytes = adapter.limits.maxComputeWorkgroupStorageSize;
@@ -83,8 +83,10 @@ export class TooMuchPrivateMemory extends Error {
 // Compile a kernel; WGSL errors (with line and column) and validation errors are thrown, never
 // swallowed: a layout that disagreed with the shader would otherwise be a silent wrong answer.
 export async function compile(gpu, src, label = "kernel") {
-  if (src.includes("enable f16;") && !gpu.features.has("shader-f16")) {
-    throw new Error(`${label} needs the WebGPU feature shader-f16, which this GPU does not offer`);
+  for (const [enable, feature] of [["enable f16;", "shader-f16"], ["enable subgroups;", "subgroups"]]) {
+    if (src.includes(enable) && !gpu.features.has(feature)) {
+      throw new Error(`${label} needs the WebGPU feature ${feature}, which this GPU does not offer`);
+    }
   }
   const consts = constants(src);
   // the naive kernel's private arrays, its score row (MAX_T floats) and output row (D floats), checked
