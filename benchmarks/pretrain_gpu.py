@@ -123,8 +123,8 @@ def _measure(name: str, shape: dict, batch: int, steps: int, warmup: int, compil
     return result
 
 
-def kernel_shares(step, device: str, steps: int = 5, top: int = 25) -> list[tuple[str, float]]:
-    """The ``top`` kernels' shares of the device time over ``steps`` profiled steps."""
+def kernel_shares(step, device: str, steps: int = 5) -> list[tuple[str, float]]:
+    """Every kernel's share of the device time over ``steps`` profiled steps, largest first."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -138,7 +138,28 @@ def kernel_shares(step, device: str, steps: int = 5, top: int = 25) -> list[tupl
     events = [e for e in prof.key_averages() if getattr(e, attr) > 0]
     total = sum(getattr(e, attr) for e in events)
     events.sort(key=lambda e: -getattr(e, attr))
-    return [(e.key[:90], getattr(e, attr) / total) for e in events[:top]]
+    return [(e.key, getattr(e, attr) / total) for e in events]
+
+
+# What a kernel does, from its name: cuBLAS's GEMMs (nvjet, and its split-K reductions),
+# cuDNN's or FlashAttention's attention, inductor's generated Triton (the fused elementwise
+# work and reductions: layer norms, GELU, softmax of the loss, casts), the fused optimizer.
+KINDS = {"matrix multiplies": ("nvjet", "gemm", "cublas", "cutlass", "xmma", "splitk", "aten::mm", "aten::addmm"),
+         "attention": ("sdpa", "flash", "fmha", "cudnn"),
+         "fused elementwise (Triton)": ("triton_",),
+         "optimizer": ("multi_tensor_apply",)}
+
+
+def kind_of(kernel: str) -> str:
+    name = kernel.lower()
+    return next((kind for kind, marks in KINDS.items() if any(m in name for m in marks)), "other")
+
+
+def shares_by_kind(kernels: list[tuple[str, float]]) -> dict[str, float]:
+    out = dict.fromkeys([*KINDS, "other"], 0.0)
+    for kernel, share in kernels:
+        out[kind_of(kernel)] += share
+    return out
 
 
 def trainer_runs(steps: int = 40) -> tuple[list[list], str]:
@@ -202,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
                      f"micro-batch 16 x 1024 tokens. {notes}", out_dir=args.out)
     if args.part == "trainer":
         return
-    rows, gpu = [], "cpu"
+    rows, kinds, gpu = [], [], "cpu"
     for batch in args.batch:
         runs: dict[str, list[dict]] = {"posttrainllm": [], "transformers": []}
         for _ in range(args.rounds):
@@ -210,9 +231,11 @@ def main(argv: list[str] | None = None) -> None:
                 runs[name].append(alone(measure, name, shape, batch, steps, warmup, compile_, args.sdpa,
                                         args.profile and not runs[name]))
                 if "kernels" in runs[name][-1]:
+                    kernels = runs[name][-1]["kernels"]
                     print(f"{name}, batch {batch}: share of device time by kernel")
-                    for kernel, share in runs[name][-1]["kernels"]:
-                        print(f"  {100 * share:5.1f}%  {kernel}")
+                    for kernel, share in kernels[:25]:
+                        print(f"  {100 * share:5.1f}%  {kernel[:90]}")
+                    kinds.append([name, batch, *(f"{100 * v:.1f}%" for v in shares_by_kind(kernels).values())])
         gpu = runs["posttrainllm"][0]["device"]
         peak = peak_bf16(gpu)
         baseline = statistics.median(r["tokens_per_s"] for r in runs["transformers"])
@@ -232,6 +255,14 @@ def main(argv: list[str] | None = None) -> None:
              f"{peak / 1e12 if peak else 'unknown'} TFLOP/s.")
     write_result("pretrain_gpu", "GPT-2 small's shape, one GPU: the book's GPT beside transformers' GPT-2",
                  ["model", "batch", "parameters", "tokens/s", "MFU", "vs transformers"], rows, notes, out_dir=args.out)
+    if kinds:
+        marks = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in KINDS.items())
+        write_result("pretrain_gpu_kernels", "Where a training step's GPU time goes, by kind of kernel",
+                     ["model", "batch", *KINDS, "other"], kinds,
+                     f"{gpu}, {facts}. Share of the GPU's kernel time over 5 profiled steps (torch.profiler), "
+                     f"after the first run's timed steps, same settings as pretrain_gpu.json. Kinds read from the "
+                     f"kernel names ({marks}); the rest is other.",
+                     out_dir=args.out)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ from posttrainllm import webgpu  # noqa: E402
 HEADS, HEAD_SIZE = 8, 64
 TABLES = ("matmul", "attention", "backward", "softmax", "shapes")
 # the shapes table: the same total work (heads x T^2) cut as more heads or as longer rows
-SHAPES = [(8, 1024), (32, 1024), (8, 2048), (32, 2048), (2, 4096), (8, 4096)]
+SHAPES = {"gpu": [(8, 1024), (32, 1024), (8, 2048), (32, 2048), (2, 4096), (8, 4096)],
+          "cpu": [(2, 128), (8, 128), (2, 256), (8, 256), (2, 512)]}
 
 
 def torch_baselines(sizes: list[int], lengths: list[int], heads: int, d: int, repeat: int) -> dict:
@@ -251,7 +252,7 @@ def shapes_table(adapter: dict, args, suffix: str, context: str) -> None:
     If time grew only with the work (heads x T^2), 8 heads at 2048 and 2 at 4096 would take the
     same time, and 32 at 2048 the same as 8 at 4096; the table shows where that stops holding."""
     files = [v for v in ready(webgpu.variants("attention"), adapter) if "flash2" in v["file"]]
-    shapes = [(2, 64), (2, 128)] if args.quick else SHAPES
+    shapes = [(2, 64), (2, 128)] if args.quick else SHAPES[suffix]
     items = [(v["file"], "{}", t, heads) for heads, t in shapes for v in files]
     measured = in_rounds(shape_run, items, args)
     rows = []

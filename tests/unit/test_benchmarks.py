@@ -24,7 +24,8 @@ SCRIPTS = {  # script -> the result tables it writes
     "scaling": ["scaling_cpu"],
     "speculative": ["speculative_decoding", "sae_throughput"],
     "wasm": ["wasm_training", "wasm_matmul"],
-    "webgpu": ["webgpu_matmul_cpu", "webgpu_attention_cpu", "webgpu_attention_backward_cpu", "webgpu_softmax_cpu"],
+    "webgpu": ["webgpu_matmul_cpu", "webgpu_attention_cpu", "webgpu_attention_backward_cpu", "webgpu_softmax_cpu",
+               "webgpu_attention_shapes_cpu"],
 }
 EXTRA_ARGS = {"webgpu": ["--driver", "lavapipe"]}  # CI has no GPU: the CPU driver checks the code path
 COMMITTED = {  # measured on an H200
