@@ -137,7 +137,7 @@ def test_attention_backward_checks_its_inputs(gpu):
 
 def test_a_kernel_needing_subgroups_is_refused_by_name_where_they_are_missing(gpu, monkeypatch):
     wgsl = webgpu.source("attention_flash2_quads.wgsl")
-    assert wgsl.startswith("enable subgroups;")  # standard WGSL, as the browser needs it
+    assert "\nenable subgroups;\n" in wgsl  # standard WGSL, as the browser needs it
     monkeypatch.setattr(gpu, "features", gpu.features - {"subgroups"})
     with pytest.raises(RuntimeError, match="needs the WebGPU feature subgroups"):
         gpu.compile(wgsl, "attention_flash2_quads.wgsl")

@@ -1,5 +1,3 @@
-enable subgroups;
-
 // FlashAttention-2 causal forward, four invocations per query row, which add their parts of
 // each score through subgroup shuffles. The algorithm of attention_flash2_rows.wgsl (K and V in
 // tiles of BC keys in workgroup memory, an online softmax per row, keys in groups of 8), with
@@ -18,9 +16,12 @@ enable subgroups;
 // - The tile in workgroup memory is stored so the four lanes read four adjacent vec4s (part
 //   p's c-th vec4 of key j sits at j * D4 + 4c + p): 64 contiguous bytes, no bank conflict.
 //
-// Needs the WebGPU feature "subgroups" (wgpu calls it "subgroup"); without it the book runs
-// attention_flash2_rows.wgsl. Written out for head size D = 64. Q, K, V and O are H x T x D
-// row-major f32; L gets each row's logsumexp, which the backward pass reads.
+// Needs the WebGPU feature "subgroups" (wgpu calls it "subgroup"); without it both runtimes
+// refuse this file by name and attention_flash2_rows.wgsl stands in. Written out for head size
+// D = 64. Q, K, V and O are H x T x D row-major f32; L gets each row's logsumexp, which the
+// backward pass reads.
+
+enable subgroups;
 
 const D: u32 = 64u;    // head size: this file is written out for 64 (four parts of 16)
 const BR: u32 = 64u;   // query rows per workgroup, four invocations each
