@@ -196,9 +196,14 @@ def cpu_has_fma() -> bool:
     return " fma " in flags.replace("\t", " ").replace("\n", " ")
 
 
-def test_an_engine_without_relaxed_simd_is_told_what_it_lacks(dist, oracle, monkeypatch):
+def skip_unless_relaxed_simd_is_flagged() -> None:
+    """An engine without relaxed SIMD can be played only by a node that needs a flag to run it."""
     if "--experimental-wasm-relaxed-simd" not in wasm.node_command():
         pytest.skip("this node runs relaxed SIMD without a flag, so it cannot play an engine without it")
+
+
+def test_an_engine_without_relaxed_simd_is_told_what_it_lacks(dist, oracle, monkeypatch):
+    skip_unless_relaxed_simd_is_flagged()
     monkeypatch.setattr(wasm, "node_command", lambda: (wasm.node(), "--no-experimental-fetch"))
     with pytest.raises(RuntimeError, match="cannot run tinygpt-relaxed.wasm: it needs SIMD and relaxed SIMD"):
         wasm.run("relaxed", wasm.trainer_config(oracle["config"]), tokens=oracle["ids"], steps=1, dist=dist)
@@ -208,8 +213,8 @@ def test_an_engine_without_relaxed_simd_is_told_what_it_lacks(dist, oracle, monk
     (True, True, "relaxed-threads"), (True, False, "relaxed"), (False, True, "threads"), (False, False, "simd")])
 def test_the_browser_cell_picks_the_fastest_build_the_engine_runs(relaxed, isolated, picked, dist, tmp_path):
     """cell.js's pickBuild in a real V8 (node), with relaxed SIMD switched on or not."""
-    if not relaxed and "--experimental-wasm-relaxed-simd" not in wasm.node_command():
-        pytest.skip("this node runs relaxed SIMD without a flag, so it cannot play an engine without it")
+    if not relaxed:
+        skip_unless_relaxed_simd_is_flagged()
     (tmp_path / "cell.mjs").write_text((wasm.WASM / "cell.js").read_text())
     files = {f"tinygpt-{b}.wasm": base64.b64encode((dist / f"tinygpt-{b}.wasm").read_bytes()).decode()
              for b in wasm.BROWSER_BUILDS}
