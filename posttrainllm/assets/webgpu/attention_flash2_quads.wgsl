@@ -3,9 +3,9 @@
 // tiles of BC keys in workgroup memory, an online softmax per row, keys in groups of 8), with
 // the row's 64 numbers split four ways:
 //
-// - In attention_flash2_rows.wgsl one invocation keeps q and o (128 floats) in registers. A GPU
-//   fits fewer such invocations on a core at once, and with 8 heads at T = 2048 there are only
-//   16,384 of them: too few to hide the latency of each multiply-add.
+// - In attention_flash2_rows.wgsl one invocation keeps q and o (128 floats) in registers, and
+//   there is one invocation per query row: 16,384 with 8 heads at T = 2048, where an H200 can
+//   hold 270,336 (132 cores x 2,048) in flight to hide each one's waits.
 // - Here invocation 4r + p owns part p (16 numbers) of row r's q and o: 32 floats of registers,
 //   and four times as many invocations. Each computes 16 of the 64 products of a score; two
 //   subgroupShuffleXor steps (lanes p ^ 1, then p ^ 2) give all four the whole score, the same
