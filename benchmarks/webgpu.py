@@ -3,9 +3,11 @@
 - matmul: every variant in ``posttrainllm/assets/webgpu/kernels.json`` at square sizes, GFLOP/s and the largest
   error against a float64 reference; beside ``torch.matmul`` in fp32 with TF32 off when CUDA is
   there (the goal: the best WGSL kernel at 75% of it or more).
-- attention: naive vs the two FlashAttention-2 causal forwards, 8 heads of 64, growing context,
+- attention: naive vs the FlashAttention-2 causal forwards, 8 heads of 64, growing context,
   beside torch's ``scaled_dot_product_attention`` (the goal: within 2x of it); and the FA2
   backward pass (dQ, dK, dV) beside SDPA's backward through autograd.
+- shapes: the FlashAttention-2 forwards at equal work (heads x T^2) cut as more heads or as
+  longer rows, to tell a cost that grows with the work from one that grows with T.
 - softmax: safe vs online, rows of growing width.
 
 On a CPU Vulkan driver the figures check correctness only; the tables say so, and their names
@@ -243,6 +245,7 @@ def attention_table(adapter: dict, args, lengths: list[int], baselines: dict, su
 
 
 def shape_run(file: str, params: str, t: int, heads: int, args) -> tuple:
+    """``attention_run`` with the number of heads as well: one item of the shapes table."""
     return attention_run(file, params, t, args, heads)
 
 
