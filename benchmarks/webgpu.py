@@ -135,8 +135,9 @@ def ready(variants: list[dict], adapter: dict) -> list[dict]:
 
 def matmul_table(adapter: dict, args, sizes: list[int], baselines: dict, suffix: str, context: str) -> None:
     variants = webgpu.variants("matmul")
+    runnable = ready(variants, adapter)
     measured = in_rounds(matmul_run, [(v["file"], json.dumps(v["params"], sort_keys=True), n)
-                                      for n in sizes for v in ready(variants, adapter)], args)
+                                      for n in sizes for v in runnable], args)
     rows = []
     for n in sizes:
         torch_gflops = None
@@ -145,7 +146,7 @@ def matmul_table(adapter: dict, args, sizes: list[int], baselines: dict, suffix:
             rows.append([n, "torch.matmul (CUDA, fp32, TF32 off)", f"{torch_gflops:,.0f}", "1.00", f"{err:.1e}",
                          "CUDA events"])
         for v in variants:
-            if v not in ready(variants, adapter):
+            if v not in runnable:
                 rows.append([n, v["name"], "-", "-", "-", f"needs {v['feature']}"])
                 continue
             ms, err, method = measured[v["file"], json.dumps(v["params"], sort_keys=True), n]
@@ -202,9 +203,10 @@ def attention_run(file: str, params: str, t: int, args, heads: int = HEADS) -> t
 
 
 def attention_table(adapter: dict, args, lengths: list[int], baselines: dict, suffix: str, context: str) -> None:
+    runnable = ready(webgpu.variants("attention"), adapter)
     items = []
     for t in lengths:
-        for variant in ready(webgpu.variants("attention"), adapter):
+        for variant in runnable:
             params = dict(variant["params"])
             if "naive" in variant["file"]:
                 params["MAX_T"] = max(t, 1024)  # the private score row must hold the whole context
@@ -217,7 +219,7 @@ def attention_table(adapter: dict, args, lengths: list[int], baselines: dict, su
             rows.append([t, "torch SDPA (CUDA, fp32)", f"{sdpa[0]:.3f}", "1.00", f"{sdpa[1]:.1e}", "CUDA events"])
         times = {}
         for variant in webgpu.variants("attention"):
-            if variant not in ready([variant], adapter):
+            if variant not in runnable:
                 rows.append([t, variant["name"], "-", "-", "-", f"needs {variant['feature']}"])
                 continue
             item = next(i for i in items if i[2] == t and i[0] == variant["file"])
