@@ -4,6 +4,8 @@
     python benchmarks/pretrain_gpu.py --quick --out /tmp/x    # anywhere: a tiny shape, a few steps, eager
     python benchmarks/pretrain_gpu.py --part trainer          # the torchrun trainer alone
                                                               # (results/pretrain_torchrun_gpu.json)
+    python benchmarks/pretrain_gpu.py --part models --batch 32 --rounds 2 --profile --tag h100
+                                                              # another GPU's tables, beside the H200's
 
 It needs ``transformers`` (``pip install transformers``), which the book itself does not.
 
@@ -194,6 +196,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a tiny shape, a few steps, no compile: a smoke test")
     parser.add_argument("--part", choices=("all", "models", "trainer"), default="all")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--tag", default="", help="appended to the result files' names (e.g. h100 for a second GPU's "
+                        "tables beside the H200's)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, nargs="+", default=[16],
                         help="rows of 1024 tokens per step; several give a row each")
@@ -253,14 +257,15 @@ def main(argv: list[str] | None = None) -> None:
              f"median of {args.rounds} runs of {steps} steps after {warmup}, each run in a fresh process. "
              f"MFU: 6N + 12 L d T FLOPs per token over a dense bf16 peak of "
              f"{peak / 1e12 if peak else 'unknown'} TFLOP/s.")
-    write_result("pretrain_gpu", "GPT-2 small's shape, one GPU: the book's GPT beside transformers' GPT-2",
+    tag = f"_{args.tag}" if args.tag else ""
+    write_result(f"pretrain_gpu{tag}", f"GPT-2 small's shape on one {gpu}: the book's GPT beside transformers' GPT-2",
                  ["model", "batch", "parameters", "tokens/s", "MFU", "vs transformers"], rows, notes, out_dir=args.out)
     if kinds:
         marks = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in KINDS.items())
-        write_result("pretrain_gpu_kernels", "Where a training step's GPU time goes, by kind of kernel",
+        write_result(f"pretrain_gpu_kernels{tag}", f"Where a training step's GPU time goes on {gpu}, by kind of kernel",
                      ["model", "batch", *KINDS, "other"], kinds,
                      f"{gpu}, {facts}. Share of the GPU's kernel time over 5 profiled steps (torch.profiler), "
-                     f"after the first run's timed steps, same settings as pretrain_gpu.json. Kinds read from the "
+                     f"after the first run's timed steps, same settings as pretrain_gpu{tag}.json. Kinds read from the "
                      f"kernel names ({marks}); the rest is other.",
                      out_dir=args.out)
 
