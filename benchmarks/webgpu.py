@@ -136,8 +136,8 @@ def ready(variants: list[dict], adapter: dict) -> list[dict]:
 def matmul_table(adapter: dict, args, sizes: list[int], baselines: dict, suffix: str, context: str) -> None:
     variants = webgpu.variants("matmul")
     runnable = ready(variants, adapter)
-    measured = in_rounds(matmul_run, [(v["file"], json.dumps(v["params"], sort_keys=True), n)
-                                      for n in sizes for v in runnable], args)
+    key = {v["name"]: json.dumps(v["params"], sort_keys=True) for v in runnable}  # names are unique, files not
+    measured = in_rounds(matmul_run, [(v["file"], key[v["name"]], n) for n in sizes for v in runnable], args)
     rows = []
     for n in sizes:
         torch_gflops = None
@@ -149,7 +149,7 @@ def matmul_table(adapter: dict, args, sizes: list[int], baselines: dict, suffix:
             if v not in runnable:
                 rows.append([n, v["name"], "-", "-", "-", f"needs {v['feature']}"])
                 continue
-            ms, err, method = measured[v["file"], json.dumps(v["params"], sort_keys=True), n]
+            ms, err, method = measured[v["file"], key[v["name"]], n]
             gflops = 2 * n**3 / ms / 1e6
             ratio = f"{gflops / torch_gflops:.2f}" if torch_gflops else "-"
             rows.append([n, v["name"], f"{gflops:,.1f}", ratio, f"{err:.1e}", method])
@@ -203,7 +203,8 @@ def attention_run(file: str, params: str, t: int, args, heads: int = HEADS) -> t
 
 
 def attention_table(adapter: dict, args, lengths: list[int], baselines: dict, suffix: str, context: str) -> None:
-    runnable = ready(webgpu.variants("attention"), adapter)
+    variants = webgpu.variants("attention")
+    runnable = ready(variants, adapter)
     items = []
     for t in lengths:
         for variant in runnable:
@@ -218,7 +219,7 @@ def attention_table(adapter: dict, args, lengths: list[int], baselines: dict, su
         if sdpa:
             rows.append([t, "torch SDPA (CUDA, fp32)", f"{sdpa[0]:.3f}", "1.00", f"{sdpa[1]:.1e}", "CUDA events"])
         times = {}
-        for variant in webgpu.variants("attention"):
+        for variant in variants:
             if variant not in runnable:
                 rows.append([t, variant["name"], "-", "-", "-", f"needs {variant['feature']}"])
                 continue
