@@ -9,8 +9,10 @@
   tokens/s (PyTorch on this CPU's own kernels) on 1 and 2 threads.
 - Matmul: the trainer's own gemm (``tg_bench_gemm``) on n x n x n products, beside numpy's
   (OpenBLAS) on the same thread counts.
+- Profile: where the relaxed build's training step spends its time, by V8's sampling profiler
+  (``node --cpu-prof``) over a build that keeps its function names (``build.sh OUT --names``).
 
-    python benchmarks/wasm.py [--quick] [--rounds N]
+    python benchmarks/wasm.py [--quick] [--rounds N] [--tables training matmul profile]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -154,15 +157,81 @@ def matmul(config, sizes: list[int], reps: int, out: Path) -> None:
     )
 
 
+TABLES = ["training", "matmul", "profile"]
+# The matrix-product kernel's functions in kernels.h (what clang did not inline into them)
+PRODUCT = ("kernels::rows4", "kernels::gemm", "kernels::block4x8", "kernels::column4", "kernels::pack4")
+
+
+def short_name(function: str) -> str:
+    """A C++ function's name as the profiler reports it, without its arguments and anonymous namespace."""
+    function = function.replace("(anonymous namespace)::", "")
+    return function.split("(")[0] if function.endswith(")") else function
+
+
+def step_shares(cpuprofile: dict) -> dict[str, float]:
+    """Each function's share of the samples taken inside ``tg_step`` (its self time), largest first."""
+    nodes = {node["id"]: node for node in cpuprofile["nodes"]}
+    parent = {child: node["id"] for node in cpuprofile["nodes"] for child in node.get("children", ())}
+
+    def in_step(node_id: int) -> bool:
+        while node_id is not None:
+            if nodes[node_id]["callFrame"]["functionName"] == "tg_step":
+                return True
+            node_id = parent.get(node_id)
+        return False
+
+    counts: dict[str, int] = {}
+    for node_id in cpuprofile["samples"]:
+        if in_step(node_id):
+            name = short_name(nodes[node_id]["callFrame"]["functionName"])
+            counts[name] = counts.get(name, 0) + 1
+    total = sum(counts.values())
+    return {name: n / total for name, n in sorted(counts.items(), key=lambda kv: -kv[1])}
+
+
+def profile(config, ids, steps: int, out: Path) -> None:
+    """The relaxed build's ``steps`` training steps under node's sampling profiler, by function."""
+    with tempfile.TemporaryDirectory(prefix="tinygpt-profile-") as tmp:
+        tmp = Path(tmp)
+        subprocess.run(["bash", str(wasm.WASM / "build.sh"), str(tmp / "dist"), "--names"], check=True,
+                       capture_output=True, env={**os.environ, "PYTHON": sys.executable})
+        wasm.run("relaxed", wasm.trainer_config(config), tokens=ids, steps=steps, dist=tmp / "dist",
+                 node_flags=("--cpu-prof", f"--cpu-prof-dir={tmp / 'profile'}", "--cpu-prof-interval=100"))
+        (found,) = (tmp / "profile").glob("*.cpuprofile")
+        shares = step_shares(json.loads(found.read_text()))
+    kernel = sum(share for name, share in shares.items() if name in PRODUCT)
+    top = list(shares.items())[:8]
+    rows = [[name, "yes" if name in PRODUCT else "", f"{100 * share:.1f}%"] for name, share in top]
+    rows.append(["everything else", "", f"{100 * (1 - sum(share for _, share in top)):.1f}%"])
+    write_result(
+        "wasm_profile",
+        f"Where the relaxed WASM build's training step spends its time ({steps} steps, 1 thread, node's sampling "
+        f"profiler): {100 * kernel:.0f}% in the matrix-product kernel",
+        ["function", "part of the matrix-product kernel", "share of the step's samples"],
+        rows,
+        "Self time: a sample counts for the function running when it was taken, among the samples taken inside "
+        "tg_step (one training step: forward, backward, AdamW). A sample every 0.1 ms. clang inlines small "
+        "functions into their callers, so forward and backward hold what was inlined into them: the embeddings, "
+        "layer norms, softmaxes, GELU and the loss, and their gradients. The build is the relaxed one with its "
+        "function names kept (build.sh OUT --names), the same code as the committed, stripped build.",
+        out,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few steps and small products (a smoke test)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--rounds", type=int, default=3, help="runs of each contender; the table keeps the median")
+    parser.add_argument("--tables", nargs="+", choices=TABLES, default=TABLES, help="which tables to measure")
     args = parser.parse_args(argv)
     config, _, ids, _ = oracle_setup()
-    training(config, ids, 3 if args.quick else 60, 1 if args.quick else args.rounds, args.out)
-    matmul(config, [64, 128] if args.quick else [128, 256, 512], 2 if args.quick else 10, args.out)
+    if "training" in args.tables:
+        training(config, ids, 3 if args.quick else 60, 1 if args.quick else args.rounds, args.out)
+    if "matmul" in args.tables:
+        matmul(config, [64, 128] if args.quick else [128, 256, 512], 2 if args.quick else 10, args.out)
+    if "profile" in args.tables:
+        profile(config, ids, 3 if args.quick else 60, args.out)
 
 
 if __name__ == "__main__":

@@ -216,15 +216,16 @@ def check_job(config: dict, *, threads: int, seed: int, tokens, steps: int, lr: 
 
 def run(build: str, config: dict, *, threads: int = 1, seed: int = 0, weights: bytes | None = None,
         tokens=None, token_seed: int = 0, steps: int = 0, lr: float = 3e-3, batch=None,
-        bench_gemm: tuple[list[int], int] | None = None, dist: Path = DIST, validate: bool = True) -> dict:
+        bench_gemm: tuple[list[int], int] | None = None, dist: Path = DIST, validate: bool = True,
+        node_flags: tuple[str, ...] = ()) -> dict:
     """Run ``build`` of the trainer: Emscripten's under node (``posttrainllm/assets/wasm/node_run.mjs``), the
     Memory64 one in wasmtime (:class:`Memory64`), which node 20 cannot load. Returns its answer:
     ``losses`` of ``steps`` training steps on ``tokens``, ``seconds``, ``threads``, and with
     ``batch=(inputs, targets)`` that batch's ``loss``, ``grads`` and ``logits``; with
     ``bench_gemm=(sizes, reps)``, ``gemm``: seconds per n x n x n product and its largest error;
-    ``params`` after training. A bad id or hyperparameter raises ``ValueError`` (:func:`check_job`;
-    ``validate=False`` leaves the checking to the trainer, as the tests of its own checks need); a
-    trainer error raises ``RuntimeError`` with the trainer's message."""
+    ``params`` after training. ``node_flags`` go to node (a profiler's, say). A bad id or hyperparameter
+    raises ``ValueError`` (:func:`check_job`; ``validate=False`` leaves the checking to the trainer, as
+    the tests of its own checks need); a trainer error raises ``RuntimeError`` with the trainer's message."""
     if build not in BUILDS:
         raise ValueError(f"no build {build!r}; the builds are {BUILDS}")
     if validate:
@@ -251,7 +252,7 @@ def run(build: str, config: dict, *, threads: int = 1, seed: int = 0, weights: b
                 np.asarray(array, dtype="<i4").tofile(tmp / f"{name}.i32")
             job["batch"] = {name: str(tmp / f"{name}.i32") for name in ("inputs", "targets")}
         (tmp / "job.json").write_text(json.dumps(job, allow_nan=False))  # node's JSON has no NaN
-        done = subprocess.run([*node_command(), str(WASM / "node_run.mjs"), str(tmp / "job.json")],
+        done = subprocess.run([*node_command(), *node_flags, str(WASM / "node_run.mjs"), str(tmp / "job.json")],
                               capture_output=True, text=True, timeout=600)
         if done.returncode != 0 or not done.stdout:
             raise RuntimeError(f"node failed ({done.returncode}): {done.stderr.strip()[-2000:]}")

@@ -2,6 +2,7 @@
 
 (No timing is asserted: speed claims live in the benchmark results, not in tests.)"""
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -23,7 +24,7 @@ SCRIPTS = {  # script -> the result tables it writes
     "training_mechanics": ["checkpointing", "precision", "data_parallel"],
     "scaling": ["scaling_cpu"],
     "speculative": ["speculative_decoding", "sae_throughput"],
-    "wasm": ["wasm_training", "wasm_matmul"],
+    "wasm": ["wasm_training", "wasm_matmul", "wasm_profile"],
     "webgpu": ["webgpu_matmul_cpu", "webgpu_attention_cpu", "webgpu_attention_backward_cpu", "webgpu_softmax_cpu",
                "webgpu_attention_shapes_cpu"],
 }
@@ -57,12 +58,21 @@ def test_committed_results_exist_for_the_book(name):
     assert (ROOT / "benchmarks" / "results" / f"{name}.json").is_file()
 
 
-def test_result_files_name_the_cpu_and_its_instruction_set(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+def benchmark(name: str):
+    """``benchmarks/<name>.py`` as a module, named apart from the package's (benchmarks/wasm.py is not
+    posttrainllm.wasm)."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # they import common
     try:
-        import common
+        spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+    return module
+
+
+def test_result_files_name_the_cpu_and_its_instruction_set(tmp_path):
+    common = benchmark("common")
     path = common.write_result("probe", "a probe", ["a"], [[1]], "", out_dir=tmp_path)
     described = json.loads(path.read_text())["machine"]
     assert common.cpu_model() and common.instruction_set()
@@ -72,11 +82,7 @@ def test_result_files_name_the_cpu_and_its_instruction_set(tmp_path):
 def test_notebooks_on_device_names_the_cell_that_failed(tmp_path):
     import nbformat
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import notebooks_on_device
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    notebooks_on_device = benchmark("notebooks_on_device")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("x / 0")])
     nbformat.write(nb, tmp_path / "broken.ipynb")
     result = notebooks_on_device.execute(tmp_path / "broken.ipynb", timeout=60)
@@ -85,6 +91,20 @@ def test_notebooks_on_device_names_the_cell_that_failed(tmp_path):
                     "--out", str(tmp_path)], check=True, capture_output=True, text=True)
     rows = json.loads((tmp_path / "notebooks_cpu.json").read_text())["rows"]
     assert [row[:2] for row in rows] == [["01-from-a-line.ipynb", "ran"]]
+
+
+def test_the_wasm_profile_counts_only_samples_inside_a_training_step():
+    wasm_bench = benchmark("wasm")
+    frame = {"functionName": "", "url": "", "lineNumber": -1, "columnNumber": -1, "scriptId": "0"}
+    names = ["(root)", "tg_step", "kernels::rows4(kernels::Product const&, long)",
+             "(anonymous namespace)::forward((anonymous namespace)::Model&, int, int, bool)", "tg_create"]
+    children = {1: [2, 5], 2: [3, 4]}  # the root calls tg_step and tg_create; tg_step calls the other two
+    nodes = [{"id": i, "callFrame": {**frame, "functionName": name}, "children": children.get(i, [])}
+             for i, name in enumerate(names, start=1)]
+    shares = wasm_bench.step_shares({"nodes": nodes, "samples": [3, 3, 3, 4, 2, 5, 5, 1]})
+    assert shares == {"kernels::rows4": 0.6, "forward": 0.2, "tg_step": 0.2}
+    assert list(shares) == ["kernels::rows4", "forward", "tg_step"]  # largest first
+    assert "kernels::rows4" in wasm_bench.PRODUCT and "forward" not in wasm_bench.PRODUCT
 
 
 def committed(name: str) -> dict:

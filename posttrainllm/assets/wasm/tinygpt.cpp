@@ -55,7 +55,8 @@ struct Layer {
 
 // Activations of one layer, kept for the backward pass.
 struct Acts {
-  float *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *y, *x2, *ln2, *ln2_mean, *ln2_rstd, *h, *g;
+  float *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *y, *x2, *ln2, *ln2_mean, *ln2_rstd;
+  float *h, *g;  // the MLP's up projection and its GELU; after the forward pass, h holds GELU's slope at h
 };
 
 struct Model {
@@ -375,7 +376,7 @@ void backward(Model& md, int B, int T) {
     linear_backward(md, md.d_h, md.d_resid, a.g, L.down_w, &L.down_b, rows);
     md.pool->parallel_for(rows, [&](int s, int e) {
       long at = static_cast<long>(s) * 4 * C;
-      kernels::gelu_backward(md.d_h + at, a.h + at, static_cast<long>(e - s) * 4 * C);
+      kernels::scale(md.d_h + at, a.h + at, static_cast<long>(e - s) * 4 * C);
     });
     linear_backward(md, md.d_ln, md.d_h, a.ln2, L.up_w, &L.up_b, rows);
     std::memcpy(md.d_x2, md.d_resid, sizeof(float) * rows * C);
