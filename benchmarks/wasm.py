@@ -158,7 +158,7 @@ def matmul(config, sizes: list[int], reps: int, out: Path) -> None:
 
 
 TABLES = ["training", "matmul", "profile"]
-# The matrix-product kernel's functions in kernels.h (what clang did not inline into them)
+# kernels.h's matrix-product functions: a profile names those that clang left as functions of their own
 PRODUCT = ("kernels::rows4", "kernels::gemm", "kernels::block4x8", "kernels::column4", "kernels::pack4")
 
 
