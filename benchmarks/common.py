@@ -41,6 +41,19 @@ def instruction_set() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
+def last_level_cache_bytes(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The size of the CPU's last-level cache, from Linux's sysfs (None where it is not published)."""
+    caches = []
+    for index in sysfs.glob("index*"):
+        try:
+            level, size = (index / "level").read_text().strip(), (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        caches.append((int(level), int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)))
+    return max(caches)[1] if caches else None
+
+
 def machine() -> str:
     return (
         f"{platform.machine()}, {cpu_model()}, {instruction_set()} kernels, {os.cpu_count()} CPU cores, "
@@ -48,11 +61,15 @@ def machine() -> str:
     )
 
 
-def write_result(name: str, title: str, columns: list[str], rows: list[list], notes: str, out_dir: Path = RESULTS):
-    """Save one benchmark's table; returns the path written."""
+def write_result(name: str, title: str, columns: list[str], rows: list[list], notes: str, out_dir: Path = RESULTS,
+                 data: dict | None = None):
+    """Save one benchmark's table, and under ``data`` any unrounded figures a notebook plots;
+    returns the path written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
     payload = {"title": title, "machine": machine(), "columns": columns, "rows": rows, "notes": notes}
+    if data is not None:
+        payload["data"] = data
     path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(columns)]
     print(title)

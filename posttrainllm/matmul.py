@@ -10,6 +10,7 @@ counting, not fast code: numpy's ``@`` (BLAS) is the fast path.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -158,3 +159,41 @@ def measure_matmul_gflops(n: int, dtype=np.float32, repeats: int = 5, seed: int 
     rng = np.random.default_rng(seed)
     a, b = rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, n)).astype(dtype)
     return matmul_flops(n, n, n) / measure_seconds(lambda: a @ b, repeats) / 1e9
+
+
+@dataclass(frozen=True)
+class RooflineOp:
+    """An operation to place on the roofline: its FLOPs, the fewest bytes it must move, and a call."""
+
+    flops: int
+    min_bytes: int
+    run: Callable[[], object]
+
+    @property
+    def intensity(self) -> float:
+        return arithmetic_intensity(self.flops, self.min_bytes)
+
+    def measure_gflops(self, repeats: int = 5) -> float:
+        return self.flops / measure_seconds(self.run, repeats) / 1e9
+
+
+def roofline_operations(seed: int = 0, n_vec: int = 2**22, n_mv: int = 8192,
+                        matmul_sizes: tuple[int, ...] = (32, 128, 512, 1024)) -> dict[str, RooflineOp]:
+    """Module 3's operations, from 1/12 FLOP per byte to a large matmul, on random float32 data.
+
+    The defaults make the matrix-vector product's matrix 256 MiB: larger than a laptop's last-level
+    cache, so there it streams from main memory as the roofline assumes. A server CPU's cache can
+    hold it (the book's machine's does; module 3 shows what that does to the roofline).
+    """
+    rng = np.random.default_rng(seed)
+    u, w = rng.standard_normal(n_vec, dtype=np.float32), rng.standard_normal(n_vec, dtype=np.float32)
+    mat, vec = rng.standard_normal((n_mv, n_mv), dtype=np.float32), rng.standard_normal(n_mv, dtype=np.float32)
+    ops = {
+        "vector add": RooflineOp(n_vec, 12 * n_vec, lambda: u + w),
+        "dot product": RooflineOp(2 * n_vec, 8 * n_vec, lambda: u @ w),
+        "matrix-vector": RooflineOp(2 * n_mv**2, 4 * (n_mv**2 + 2 * n_mv), lambda: mat @ vec),
+    }
+    for n in matmul_sizes:
+        a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+        ops[f"matmul {n}"] = RooflineOp(matmul_flops(n, n, n), matmul_min_bytes(n, n, n), lambda a=a, b=b: a @ b)
+    return ops

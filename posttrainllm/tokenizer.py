@@ -339,6 +339,21 @@ def train_merges(word_counts: Counter, vocab_size: int) -> list[Pair]:
 PATTERN_ERRORS: tuple[type[Exception], ...] = (re.error, ValueError) + ((regex.error,) if regex is not None else ())
 
 
+def merge_work(word_counts: Counter, merges: list[Pair]) -> tuple[int, int]:
+    """The work each trainer does to learn ``merges``, counted rather than timed: the pairs
+    :func:`train_naive` counts (every adjacent pair of every distinct word, before every merge)
+    and the words :func:`train_merges` rewrites (only those that hold the pair being merged)."""
+    words = [tuple(w) for w in word_counts]
+    counted = rewritten = 0
+    for step, pair in enumerate(merges):
+        counted += sum(len(w) - 1 for w in words)
+        for i, word in enumerate(words):
+            if pair in pairwise(word):
+                words[i] = tuple(merge_pair(list(word), pair, 256 + step))
+                rewritten += 1
+    return counted, rewritten
+
+
 def _checked_pattern(pattern: object):
     if not isinstance(pattern, str) or not pattern:
         raise ValueError(f"the split pattern must be a non-empty regex string, not {pattern!r}")

@@ -154,8 +154,9 @@ def drop_duplicate_scripts(app, pagename, templatename, context, doctree) -> Non
 RUN_IN_BROWSER = """<div class="admonition tip ptl-lite"><p class="admonition-title">Run in your browser</p>
 <p><a class="ptl-lite-link" href="{href}">Open this module's browser edition</a>: JupyterLite runs it in
 this tab on Pyodide (Python compiled to WebAssembly), with no install and no server. Cells that need
-PyTorch, tiktoken or wgpu-py are left out, and numpy and matplotlib are downloaded once from the
-Pyodide CDN, so the first visit needs the network. <a href="{page}">What runs in the browser</a>.</p></div>"""
+PyTorch, tiktoken, wgpu-py or a file of the book's repository are left out, and numpy and matplotlib
+are downloaded once from the Pyodide CDN, so the first visit needs the network.
+<a href="{page}">What runs in the browser</a>.</p></div>"""
 NEEDS_PYTORCH = """<div class="admonition note ptl-lite-note"><p class="admonition-title">Needs PyTorch</p>
 <p>This module trains with PyTorch throughout, and PyTorch does not run in the browser, so it has no
 browser edition: run it locally (<code>make lab</code>) or on Colab (the launch button at the top of

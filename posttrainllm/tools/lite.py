@@ -8,7 +8,8 @@ the book publishes a *browser edition* of each module that has something to run 
 Two cell tags in the notebooks say what a cell needs, and the tests hold them to it
 (tests/book/test_lite.py runs every browser edition with those libraries blocked):
 
-- ``not-in-pyodide``: needs PyTorch, tiktoken or wgpu-py; left out of the browser edition.
+- ``not-in-pyodide``: needs PyTorch, tiktoken or wgpu-py, or reads a file of the repository
+  outside the package (a committed benchmark table); left out of the browser edition.
 - ``pure-python``: needs nothing but the standard library and posttrainllm, so it runs even
   offline, with no download at all (module 4's micrograd, module 6's BPE, and the cells of
   modules 3 and 7 that read the WGSL kernels and the WASM trainer's sources).
@@ -46,13 +47,15 @@ KERNELSPEC = {"name": "python", "display_name": "Python (Pyodide)", "language": 
 
 HEADER = """\
 **You are running this notebook in your browser** (JupyterLite, on Pyodide: Python compiled to
-WebAssembly). The cells that need PyTorch, tiktoken or wgpu-py are left out, each replaced by a
-note; the first code cell downloads numpy and matplotlib from the Pyodide CDN, once. What you
-change is kept in this browser's storage only. The book shows every output of the full notebook."""
+WebAssembly). The cells that need PyTorch, tiktoken, wgpu-py or a file of the book's repository
+are left out, each replaced by a note; the first code cell downloads numpy and matplotlib from
+the Pyodide CDN, once. What you change is kept in this browser's storage only. The book shows
+every output of the full notebook."""
 
 SKIPPED = """\
 *Left out in the browser: this cell needs PyTorch, tiktoken or wgpu-py, which Pyodide does not
-have. Run the notebook locally (`make lab`) or on Colab to see it run.*
+have, or a file of the book's repository, which the browser has no copy of. Run the notebook
+locally (`make lab`) or on Colab to see it run.*
 
 ```python
 {source}

@@ -11,6 +11,7 @@ import configparser
 import functools
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -70,15 +71,16 @@ def html_of(outputs: list) -> list[str]:
 
 def _run_blocked(nb: nbformat.NotebookNode, stored: dict[str, str], blocked: tuple[str, ...],
                  stored_html: dict[str, list[str]] | None = None) -> list[str]:
-    """Execute ``nb`` in notebooks/ with ``blocked`` refused; the cells whose text (and, where
+    """Execute ``nb`` in an empty folder with ``blocked`` refused; the cells whose text (and, where
     ``stored_html`` has them, HTML) differs from the stored one (by cell id), or the first cell
-    that failed."""
+    that failed. (The browser has no copy of the repository: a kept cell that reads one of its
+    files, as ``../benchmarks/results/...``, fails here as it would there.)"""
     nb.cells.insert(0, nbformat.v4.new_code_cell(BLOCK.format(names=blocked)))
-    resources = {"metadata": {"path": str(ROOT / "notebooks")}}
-    try:
-        NotebookClient(nb, timeout=600, kernel_name="python3", resources=resources).execute()
-    except CellExecutionError as err:
-        return [f"a cell failed: {str(err).strip().splitlines()[-1]}"]
+    with tempfile.TemporaryDirectory() as empty:
+        try:
+            NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": empty}}).execute()
+        except CellExecutionError as err:
+            return [f"a cell failed: {str(err).strip().splitlines()[-1]}"]
     ran = [cell for cell in nb.cells[1:] if cell.cell_type == "code" and cell.id in stored]
     return [
         f"cell {cell.id}: got {text_of(cell.outputs)[:300]!r}, stored {stored[cell.id][:300]!r}"

@@ -19,7 +19,7 @@ SCRIPTS = {  # script -> the result tables it writes
     "autograd_engines": ["autograd_engines"],
     "drift": ["drift"],
     "matmul": ["matmul"],
-    "roofline": ["roofline_cpu"],
+    "roofline": ["roofline_cpu", "roofline_operations_cpu"],
     "tokenizer": ["tokenizer_training", "tokenizer_encoding"],
     "training_mechanics": ["checkpointing", "precision", "data_parallel"],
     "scaling": ["scaling_cpu"],
@@ -148,3 +148,22 @@ def test_what_the_readme_says_of_the_notebooks_on_a_gpu():
     notebooks = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
     assert sorted(row[0] for row in rows) == notebooks
     assert all(row[1] == "ran" for row in rows)  # "on an H200 all ten did"
+
+
+def test_the_last_level_cache_is_the_highest_level_sysfs_lists(tmp_path):
+    common = benchmark("common")
+    for index, level, size in [(0, 1, "48K"), (2, 2, "2048K"), (3, 3, "307200K"), (1, 1, "32K")]:
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "level").write_text(f"{level}\n")
+        (tmp_path / f"index{index}" / "size").write_text(f"{size}\n")
+    assert common.last_level_cache_bytes(tmp_path) == 300 * 2**20
+    assert common.last_level_cache_bytes(tmp_path / "absent") is None
+
+
+def test_module_3_finds_every_operation_it_plots_in_the_committed_roofline():
+    from posttrainllm import matmul
+
+    data = json.loads((ROOT / "benchmarks" / "results" / "roofline_operations_cpu.json").read_text())["data"]
+    names = list(matmul.roofline_operations(n_vec=4, n_mv=4))
+    assert list(data["operations"]) == names
+    assert data["peak_gflops"] == max(data["operations"][n]["gflops"] for n in names if n.startswith("matmul"))

@@ -68,3 +68,13 @@ def test_tiled_reads_gate_accepts_the_closed_form_and_explains_a_square_only_for
     assert mastery.check_tiled_reads(mm.tiled_slow_reads)
     result = mastery.check_tiled_reads(lambda m, n, k, t: 2 * m * n * k // t)
     assert len(result.failures) == 2 and all("partial" in f for f in result.failures)
+
+
+def test_roofline_operations_count_their_flops_and_bytes_exactly():
+    ops = mm.roofline_operations(n_vec=1000, n_mv=40, matmul_sizes=(6, 12))
+    assert list(ops) == ["vector add", "dot product", "matrix-vector", "matmul 6", "matmul 12"]
+    assert ops["vector add"].intensity == 1 / 12 and ops["dot product"].intensity == 1 / 4
+    assert ops["matrix-vector"].intensity == 2 * 40**2 / (4 * (40**2 + 2 * 40))
+    assert [ops[f"matmul {n}"].intensity for n in (6, 12)] == [1.0, 2.0]  # n / 6 for square fp32
+    assert ops["matrix-vector"].run().shape == (40,) and ops["matmul 12"].run().shape == (12, 12)
+    assert all(op.measure_gflops(repeats=1) > 0 for op in ops.values())

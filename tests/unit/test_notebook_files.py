@@ -33,6 +33,29 @@ def test_every_code_cell_was_executed_in_order_and_stored(path):
     assert not errors, f"{path.name}: a stored output is an error"
 
 
+# A rate, a duration or a speed-up measured by the clock: a stored output must not carry one (the
+# benchmarks under benchmarks/ do), since nbval could only compare it by masking it.
+TIMING = re.compile(r"\d[\d,.]*\s*(?:[GT]FLOP/s|[GM]B/s|tokens/s|ms\b|seconds\b)|\d[\d.]*x (?:faster|slower)")
+
+
+def _printed(cell) -> str:
+    return "".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+                   for o in cell["outputs"])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_stored_output_is_a_timing(path):
+    timings = [m.group(0) for c in _code_cells(path) for m in TIMING.finditer(_printed(c))]
+    assert not timings, f"{path.name} stores figures that depend on the clock: {timings}"
+
+
+def test_the_timing_pattern_catches_what_the_notebooks_once_printed():
+    for printed in ("compute peak P: 190.1 GFLOP/s", "tensor engine 42x faster", "1.4x faster than the target",
+                    "memory bandwidth W: 13.7 GB/s", "took 0.25 seconds", "3.1 ms per step"):
+        assert TIMING.search(printed), printed
+    assert not TIMING.search("intensity 0.50 FLOP/byte; 707 times fewer; 48.00 MiB")
+
+
 # The most each module's issue allows on 2 cores; module 10 is 120 s plus 60 s for its GRPO part.
 MAX_BUDGET_S = {"07": 90, "08": 90, "09": 90, "10": 180}
 

@@ -1,4 +1,5 @@
 import functools
+from collections import Counter
 from itertools import pairwise
 
 import pytest
@@ -14,6 +15,7 @@ from posttrainllm.tokenizer import (
     Tokenizer,
     _checksum,
     count_words,
+    merge_work,
     train_merges,
     train_naive,
 )
@@ -69,6 +71,17 @@ def test_ties_are_broken_by_the_smallest_pair():
     # (97, 98) < (99, 100), so "ab" is merged first
     text = "ab\ncd\nab\ncd"
     assert train_naive(text, 257) == [(97, 98)] == train_merges(count_words(text), 257)
+
+
+def test_merge_work_counts_what_each_trainer_touches():
+    words = Counter({(97, 98, 97, 98): 5, (97, 98): 2, (99,): 1})
+    # before merge 1: 3 + 1 + 0 pairs, both "ab" words rewritten; before merge 2 the words are
+    # (256, 256), (256,), (99,): 1 pair, one word rewritten
+    assert merge_work(words, [(97, 98)]) == (4, 2)
+    assert merge_work(words, [(97, 98), (256, 256)]) == (5, 3)
+    corpus = count_words(TEXT)
+    counted, rewritten = merge_work(corpus, train_merges(corpus, 300))
+    assert rewritten < counted / 100  # the point of the incremental trainer
 
 
 @settings(max_examples=1000, deadline=None)
