@@ -45,7 +45,7 @@ def operations(runs: int, quick: bool, out: Path) -> None:
         roof = float(matmul.roofline(a["intensity"], peak, bandwidth))
         rows.append([name, f"{a['intensity']:.2f}", f"{a['gflops']:,.1f}", f"{roof:,.1f}", f"{a['gflops'] / roof:.0%}"])
     cache = last_level_cache_bytes()
-    notes = (f"numpy float32, {torch.get_num_threads()} threads, last-level cache "
+    notes = (f"numpy float32 with its BLAS's default threads, last-level cache "
              f"{f'{cache >> 20} MiB' if cache else 'unknown'}; W = {bandwidth:,.1f} GB/s (a copy of "
              f"{copy_bytes >> 20} MiB), P = {peak:,.1f} GFLOP/s (the fastest matmul here), ridge "
              f"{peak / bandwidth:,.1f} FLOP/byte; medians of {runs} runs, each the best of 5 calls; measured "
