@@ -41,17 +41,34 @@ def instruction_set() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
+SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
+# macOS publishes cache sizes through sysctl, not sysfs: an Intel Mac has an L3; Apple silicon's
+# last level it reports is the performance cores' L2 (its system-level cache is not published)
+DARWIN_CACHE_KEYS = ("hw.l3cachesize", "hw.perflevel0.l2cachesize", "hw.l2cachesize")
+
+
 def last_level_cache_bytes(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
-    """The size of the CPU's last-level cache, from Linux's sysfs (None where it is not published)."""
+    """The size of the CPU's last-level cache, from Linux's sysfs or macOS's sysctl (None where
+    neither publishes it)."""
     caches = []
     for index in sysfs.glob("index*"):
         try:
             level, size = (index / "level").read_text().strip(), (index / "size").read_text().strip()
         except OSError:
             continue
-        units = {"K": 2**10, "M": 2**20, "G": 2**30}
-        caches.append((int(level), int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)))
-    return max(caches)[1] if caches else None
+        unit = SIZE_UNITS.get(size[-1])
+        caches.append((int(level), int(size[:-1]) * unit if unit else int(size)))
+    if caches:
+        return max(caches)[1]
+    return _darwin_cache_bytes() if platform.system() == "Darwin" else None
+
+
+def _darwin_cache_bytes() -> int | None:
+    for key in DARWIN_CACHE_KEYS:
+        found = subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, check=False).stdout.strip()
+        if found.isdigit() and int(found) > 0:
+            return int(found)
+    return None
 
 
 def machine() -> str:

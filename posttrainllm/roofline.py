@@ -56,8 +56,10 @@ def matmul_rate(n: int, dtype: torch.dtype = torch.float32, device: str = "cpu",
 
 def read_bandwidth(mib: int = 1024, device: str = "cpu", repeats: int = 5) -> float:
     """Measured bytes/s of summing ``mib`` MiB of float32: every byte read once, almost no arithmetic,
-    as a decode step reads its weights. The default 1 GiB is larger than any CPU's last-level cache
-    (the machines that built this book had 300 and 480 MiB), so the reads come from main memory. (Module 3's
+    as a decode step reads its weights. The default 1 GiB is larger than the last-level cache one
+    core can read (the machines that built this book had 300 and 480 MiB; the largest server parts
+    total more, split among chiplets that each cache their own cores' data), so the reads come
+    from main memory. (Module 3's
     :func:`posttrainllm.matmul.measure_bandwidth_gbs` copies 64 MiB with numpy, on the CPU only.)"""
     src = torch.ones(mib * 2**20 // 4, dtype=torch.float32, device=device)
     return src.numel() * 4 / _seconds(lambda: src.sum(), repeats, device)

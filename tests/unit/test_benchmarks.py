@@ -160,6 +160,21 @@ def test_the_last_level_cache_is_the_highest_level_sysfs_lists(tmp_path):
     assert common.last_level_cache_bytes(tmp_path / "absent") is None
 
 
+def test_on_macos_the_last_level_cache_comes_from_sysctl(tmp_path, monkeypatch):
+    common = benchmark("common")
+    published = {"hw.l3cachesize": "0", "hw.perflevel0.l2cachesize": "16777216", "hw.l2cachesize": "4194304"}
+
+    def sysctl(command, **_):  # Apple silicon: no L3, the performance cores' L2 is the last level reported
+        assert command[:2] == ["sysctl", "-n"]
+        return subprocess.CompletedProcess(command, 0, stdout=published.get(command[2], "") + "\n")
+
+    monkeypatch.setattr(common.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(common.subprocess, "run", sysctl)
+    assert common.last_level_cache_bytes(tmp_path) == 16 * 2**20
+    published.clear()
+    assert common.last_level_cache_bytes(tmp_path) is None
+
+
 def test_module_3_finds_every_operation_it_plots_in_the_committed_roofline():
     from posttrainllm import matmul
 
