@@ -15,6 +15,7 @@ end in ``_cpu``. On a GPU they end in ``_gpu`` and carry the adapter, driver and
 
     python benchmarks/webgpu.py --driver lavapipe [--quick]
     python benchmarks/webgpu.py          # VK_ICD_FILENAMES already points at a GPU's driver
+    python benchmarks/webgpu.py --tables matmul --tag h100   # another GPU's table, beside the H200's
 """
 
 from __future__ import annotations
@@ -258,7 +259,7 @@ def shapes_table(adapter: dict, args, suffix: str, context: str) -> None:
     If time grew only with the work (heads x T^2), 8 heads at 2048 and 2 at 4096 would take the
     same time, and 32 at 2048 the same as 8 at 4096; the table shows where that stops holding."""
     files = [v for v in ready(webgpu.variants("attention"), adapter) if "flash2" in v["file"]]
-    shapes = [(2, 64), (2, 128)] if args.quick else SHAPES[suffix]
+    shapes = [(2, 64), (2, 128)] if args.quick else SHAPES[suffix.split("_")[0]]
     items = [(v["file"], "{}", t, heads) for heads, t in shapes for v in files]
     measured = in_rounds(shape_run, items, args)
     rows = []
@@ -353,6 +354,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="measurements per kernel, kernels in turn")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="which tables to measure")
+    parser.add_argument("--tag", default="", help="appended to the result files' names (e.g. h100 for a second "
+                        "GPU's tables beside the H200's)")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeat, args.rounds = 2, 1
@@ -368,6 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     if (adapter["info"].get("adapter_type") == "CPU") != cpu:
         raise SystemExit(f"--driver says {'a CPU driver' if cpu else 'a GPU'}, but the adapter is {adapter['name']}")
     suffix, context = ("cpu", " (a CPU driver: correctness only, not GPU speed)") if cpu else ("gpu", "")
+    suffix += f"_{args.tag}" if args.tag else ""
     if "matmul" in args.tables:
         matmul_table(adapter, args, sizes, baselines, suffix, context)
     if "attention" in args.tables:

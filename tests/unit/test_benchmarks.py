@@ -30,7 +30,8 @@ SCRIPTS = {  # script -> the result tables it writes
 }
 EXTRA_ARGS = {"webgpu": ["--driver", "lavapipe"]}  # CI has no GPU: the CPU driver checks the code path
 COMMITTED = {  # measured on a GPU: an H200, and an H100 for the files tagged h100
-    "webgpu": ["webgpu_matmul_gpu", "webgpu_attention_gpu", "webgpu_attention_backward_gpu", "webgpu_softmax_gpu"],
+    "webgpu": ["webgpu_matmul_gpu", "webgpu_matmul_gpu_h100", "webgpu_attention_gpu", "webgpu_attention_backward_gpu",
+               "webgpu_softmax_gpu"],
     "roofline": ["roofline_gpu"],
     "pretrain_gpu": ["pretrain_gpu", "pretrain_torchrun_gpu", "pretrain_gpu_h100", "pretrain_gpu_kernels_h100"],
     "notebooks_on_device": ["notebooks_gpu"],
