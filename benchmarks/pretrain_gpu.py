@@ -6,6 +6,8 @@
                                                               # (results/pretrain_torchrun_gpu.json)
     python benchmarks/pretrain_gpu.py --part models --batch 32 --rounds 2 --profile --tag h100
                                                               # another GPU's tables, beside the H200's
+    python benchmarks/pretrain_gpu.py --part models --batch 64 --tune
+                                                              # inductor's kernels tuned, for both models
 
 It needs ``transformers`` (``pip install transformers``), which the book itself does not.
 
@@ -70,12 +72,17 @@ def build(name: str, shape: dict):
 
 
 def measure(name: str, shape: dict, batch: int, steps: int, warmup: int, compile_: str | None,
-            sdpa: str = "default", profile: bool = False) -> dict:
+            sdpa: str = "default", profile: bool = False, tune: bool = False) -> dict:
     """Tokens/s of ``steps`` training steps after ``warmup`` (compilation happens there).
 
     ``compile_`` is a ``torch.compile`` mode (None: eager); ``sdpa`` pins SDPA's kernel; with
-    ``profile``, the result also holds the GPU kernels' share of the timed steps, largest first."""
+    ``profile``, the result also holds the GPU kernels' share of the timed steps, largest first;
+    with ``tune``, inductor tunes each generated kernel's block sizes by coordinate descent."""
     import contextlib
+
+    import torch._inductor.config
+
+    torch._inductor.config.coordinate_descent_tuning = tune
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -203,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="rows of 1024 tokens per step; several give a row each")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--tune", action="store_true", help="inductor's coordinate-descent tuning of the block "
+                        "sizes of the kernels it generates, for both models (slower compilation)")
     parser.add_argument("--compile-mode", default="default",
                         choices=("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"))
     parser.add_argument("--sdpa", choices=("default", "flash", "cudnn", "efficient"), default="default",
@@ -233,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.rounds):
             for name in runs:  # the two take turns, so drift over the run hits both alike
                 runs[name].append(alone(measure, name, shape, batch, steps, warmup, compile_, args.sdpa,
-                                        args.profile and not runs[name]))
+                                        args.profile and not runs[name], args.tune))
                 if "kernels" in runs[name][-1]:
                     kernels = runs[name][-1]["kernels"]
                     print(f"{name}, batch {batch}: share of device time by kernel")
@@ -253,7 +262,8 @@ def main(argv: list[str] | None = None) -> None:
     notes = (f"{gpu}, {facts}, transformers {__import__('transformers').__version__}. "
              f"Rows of {shape['block_size']} tokens, bf16 autocast, SDPA, "
              f"{'eager' if args.quick else f'torch.compile (mode {args.compile_mode})'}, "
-             f"SDPA kernel {args.sdpa}, fused AdamW; "
+             f"SDPA kernel {args.sdpa}, "
+             f"{'coordinate-descent tuning of inductor kernels, ' if args.tune and compile_ else ''}fused AdamW; "
              f"median of {args.rounds} runs of {steps} steps after {warmup}, each run in a fresh process. "
              f"MFU: 6N + 12 L d T FLOPs per token over a dense bf16 peak of "
              f"{peak / 1e12 if peak else 'unknown'} TFLOP/s.")
