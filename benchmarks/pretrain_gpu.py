@@ -6,7 +6,7 @@
                                                               # (results/pretrain_torchrun_gpu.json)
     python benchmarks/pretrain_gpu.py --part models --batch 32 --rounds 2 --profile --tag h100
                                                               # another GPU's tables, beside the H200's
-    python benchmarks/pretrain_gpu.py --part models --batch 64 --tune
+    python benchmarks/pretrain_gpu.py --part models --batch 64 --rounds 2 --profile --tune --tag h100_tuned
                                                               # inductor's kernels tuned, for both models
 
 It needs ``transformers`` (``pip install transformers``), which the book itself does not.
@@ -268,11 +268,12 @@ def main(argv: list[str] | None = None) -> None:
              f"MFU: 6N + 12 L d T FLOPs per token over a dense bf16 peak of "
              f"{peak / 1e12 if peak else 'unknown'} TFLOP/s.")
     tag = f"_{args.tag}" if args.tag else ""
-    write_result(f"pretrain_gpu{tag}", f"GPT-2 small's shape on one {gpu}: the book's GPT beside transformers' GPT-2",
+    on = f"{gpu}, inductor's kernels tuned" if args.tune and compile_ else gpu
+    write_result(f"pretrain_gpu{tag}", f"GPT-2 small's shape on one {on}: the book's GPT beside transformers' GPT-2",
                  ["model", "batch", "parameters", "tokens/s", "MFU", "vs transformers"], rows, notes, out_dir=args.out)
     if kinds:
         marks = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in KINDS.items())
-        write_result(f"pretrain_gpu_kernels{tag}", f"Where a training step's GPU time goes on {gpu}, by kind of kernel",
+        write_result(f"pretrain_gpu_kernels{tag}", f"Where a training step's GPU time goes on {on}, by kind of kernel",
                      ["model", "batch", *KINDS, "other"], kinds,
                      f"{gpu}, {facts}. Share of the GPU's kernel time over 5 profiled steps (torch.profiler), "
                      f"after the first run's timed steps, same settings as pretrain_gpu{tag}.json. Kinds read from the "
