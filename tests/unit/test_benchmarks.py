@@ -138,7 +138,7 @@ def test_what_the_readme_says_of_the_h200_training_figures():
         assert 0.45 < share(kinds["matrix multiplies"]) < 0.55
     optimizer = {b: share(by_model("pretrain_gpu_kernels_h100", b)["posttrainllm"]["optimizer"]) for b in (32, 64)}
     assert 0.4 < optimizer[64] / optimizer[32] < 0.6
-    # "inductor's tuned kernels gained both models about 1% at 64 rows ... the elementwise kernels
+    # "gained both models about 1% at 64 rows, in a later run than the untuned one, and the elementwise kernels
     # kept about 30% of the time: still short of 45%"
     tuned, untuned = by_model("pretrain_gpu_h100_tuned", 64), by_model("pretrain_gpu_h100", 64)
     assert "coordinate-descent tuning" in committed("pretrain_gpu_h100_tuned")["notes"]
