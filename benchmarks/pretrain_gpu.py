@@ -8,14 +8,18 @@
                                                               # another GPU's tables, beside the H200's
     python benchmarks/pretrain_gpu.py --part models --batch 64 --rounds 2 --profile --tune --tag h100_tuned
                                                               # inductor's kernels tuned, for both models
+    python benchmarks/pretrain_gpu.py --part models --batch 64 --rounds 2 --profile --tag h100_fused
+                                                              # the tables with the fused-loss row
 
 It needs ``transformers`` (``pip install transformers``), which the book itself does not.
 
 Both models get the same shape (12 layers, 12 heads, width 768, context 1024, vocabulary 50,304),
 the same settings (bf16 autocast, PyTorch's SDPA attention, ``torch.compile``, no dropout, exact
 GELU, tied embeddings) and the same step: forward, backward and a fused ``torch.optim.AdamW`` on
-the same batches. They take turns, ``--rounds`` times, each turn in a fresh process, and the
-table keeps each model's median tokens/s.
+the same batches. The book's GPT runs twice: with the plain head and ``F.cross_entropy``, and
+with its fused head and loss (``model.fused_loss``, whose row kernel is Triton on a GPU). The
+three take turns, ``--rounds`` times, each turn in a fresh process, and the table keeps each
+one's median tokens/s.
 
 The second table is the book's own trainer, ``torchrun --nproc_per_node=1 -m posttrainllm.pretrain
 --config gpt2-small`` (NCCL on a GPU): 40 steps, checkpoints at 20 and 40; the same run again;
@@ -46,15 +50,18 @@ from common import RESULTS, alone, gpt_flops_per_token, nvidia_driver, peak_bf16
 
 SHAPE = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50304}
 SMOKE = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 512}
+FUSED = "posttrainllm, fused loss"
+MODELS = ("posttrainllm", FUSED, "transformers")
 
 
 def build(name: str, shape: dict):
     import torch
 
-    if name == "posttrainllm":
+    if name.startswith("posttrainllm"):
         from posttrainllm.model import GPT, GPTConfig
 
         model = GPT(GPTConfig(**shape, attention="sdpa"))
+        model.fused_loss = name == FUSED
         return model, lambda x, y: model(x, y)[1]
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -151,11 +158,12 @@ def kernel_shares(step, device: str, steps: int = 5) -> list[tuple[str, float]]:
 
 
 # What a kernel does, from its name: cuBLAS's GEMMs (nvjet, and its split-K reductions),
-# cuDNN's or FlashAttention's attention, inductor's generated Triton (the fused elementwise
-# work and reductions: layer norms, GELU, softmax of the loss, casts), the fused optimizer.
+# cuDNN's or FlashAttention's attention, Triton (inductor's fused elementwise work and
+# reductions: layer norms, GELU, softmax of the loss, casts; and the fused loss's row kernel),
+# the fused optimizer.
 KINDS = {"matrix multiplies": ("nvjet", "gemm", "cublas", "cutlass", "xmma", "splitk", "aten::mm", "aten::addmm"),
          "attention": ("sdpa", "flash", "fmha", "cudnn"),
-         "fused elementwise (Triton)": ("triton_",),
+         "fused elementwise (Triton)": ("triton_", "cross_entropy_rows"),
          "optimizer": ("multi_tensor_apply",)}
 
 
@@ -238,9 +246,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     rows, kinds, gpu = [], [], "cpu"
     for batch in args.batch:
-        runs: dict[str, list[dict]] = {"posttrainllm": [], "transformers": []}
+        runs: dict[str, list[dict]] = {name: [] for name in MODELS}
         for _ in range(args.rounds):
-            for name in runs:  # the two take turns, so drift over the run hits both alike
+            for name in runs:  # they take turns, so drift over the run hits all alike
                 runs[name].append(alone(measure, name, shape, batch, steps, warmup, compile_, args.sdpa,
                                         args.profile and not runs[name], args.tune))
                 if "kernels" in runs[name][-1]:
@@ -259,16 +267,17 @@ def main(argv: list[str] | None = None) -> None:
             rows.append([name, batch, f"{measured[0]['n_params'] / 1e6:.1f}M", f"{rate:,.0f}", mfu,
                          f"{rate / baseline:.2f}x"])
     peak = peak_bf16(gpu)
+    tuned = args.tune and compile_  # eager runs (--quick) generate no kernels to tune
     notes = (f"{gpu}, {facts}, transformers {__import__('transformers').__version__}. "
              f"Rows of {shape['block_size']} tokens, bf16 autocast, SDPA, "
              f"{'eager' if args.quick else f'torch.compile (mode {args.compile_mode})'}, "
              f"SDPA kernel {args.sdpa}, "
-             f"{'coordinate-descent tuning of inductor kernels, ' if args.tune and compile_ else ''}fused AdamW; "
+             f"{'coordinate-descent tuning of inductor kernels, ' if tuned else ''}fused AdamW; "
              f"median of {args.rounds} runs of {steps} steps after {warmup}, each run in a fresh process. "
              f"MFU: 6N + 12 L d T FLOPs per token over a dense bf16 peak of "
              f"{peak / 1e12 if peak else 'unknown'} TFLOP/s.")
     tag = f"_{args.tag}" if args.tag else ""
-    on = f"{gpu}, inductor's kernels tuned" if args.tune and compile_ else gpu
+    on = f"{gpu}, inductor's kernels tuned" if tuned else gpu
     write_result(f"pretrain_gpu{tag}", f"GPT-2 small's shape on one {on}: the book's GPT beside transformers' GPT-2",
                  ["model", "batch", "parameters", "tokens/s", "MFU", "vs transformers"], rows, notes, out_dir=args.out)
     if kinds:

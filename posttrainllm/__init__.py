@@ -33,6 +33,7 @@ Each module holds one concept, named after it, in the order the curriculum meets
             ``checkpointing``     gradient checkpointing and activation memory
             ``distributed``       data-parallel training on torch.distributed
             ``pretrain``          the torchrun trainer: DDP or FSDP2, resumable DCP checkpoints
+            ``fused_cross_entropy`` the output head and its loss in one step, no logits kept
 - module 9  ``lora``              low-rank adapters on a frozen model
             ``tuned``             module 9's fine-tuned models (SFT, LoRA, DPO), cached
             ``sft``               supervised fine-tuning: chat format, loss masking, packing
