@@ -179,6 +179,40 @@ def shares_by_kind(kernels: list[tuple[str, float]]) -> dict[str, float]:
     return out
 
 
+def head_drift(shape: dict, batch: int = 8) -> list[list]:
+    """The plain and the fused head's bf16 loss and gradients against the plain head's in fp32, on
+    the same weights and batch (a tenth of the targets ignored, as an SFT prompt's would be)."""
+    import copy
+
+    import torch
+
+    from posttrainllm.fused_cross_entropy import IGNORE_INDEX
+    from posttrainllm.model import GPT, GPTConfig
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = GPT(GPTConfig(**shape, attention="sdpa")).to(device)
+    ids = torch.randint(0, shape["vocab_size"], (batch, shape["block_size"] + 1),
+                        generator=torch.Generator().manual_seed(0)).to(device)
+    inputs, targets = ids[:, :-1].contiguous(), ids[:, 1:].clone()
+    targets[0, : shape["block_size"] // 10 * batch] = IGNORE_INDEX
+
+    def run(fused: bool, bf16: bool) -> tuple[float, dict]:
+        copy_ = copy.deepcopy(model)
+        copy_.fused_loss = fused
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            loss = copy_(inputs, targets)[1]
+        loss.backward()
+        return loss.item(), {name: p.grad.float() for name, p in copy_.named_parameters()}
+
+    exact_loss, exact = run(False, False)
+    rows = []
+    for label, fused in (("plain head, bf16", False), ("fused head, bf16", True)):
+        loss, grads = run(fused, True)
+        worst = max(((grads[k] - g).norm() / g.norm()).item() for k, g in exact.items())
+        rows.append([label, f"{abs(loss - exact_loss) / exact_loss:.1e}", f"{worst:.1e}"])
+    return rows
+
+
 def trainer_runs(steps: int = 40) -> tuple[list[list], str]:
     """The torchrun trainer twice from scratch, then resumed from the first run's middle checkpoint."""
     from posttrainllm import pretrain
@@ -280,6 +314,11 @@ def main(argv: list[str] | None = None) -> None:
     on = f"{gpu}, inductor's kernels tuned" if tuned else gpu
     write_result(f"pretrain_gpu{tag}", f"GPT-2 small's shape on one {on}: the book's GPT beside transformers' GPT-2",
                  ["model", "batch", "parameters", "tokens/s", "MFU", "vs transformers"], rows, notes, out_dir=args.out)
+    write_result(f"pretrain_gpu_head_drift{tag}", f"The fused head's drift on one {gpu}: bf16 loss and gradients "
+                 "against the plain head's in fp32", ["head", "loss, relative difference",
+                 "largest gradient difference, relative to its norm"], head_drift(shape),
+                 f"{gpu}, {facts}. The book's GPT at the shape above, 8 rows, a tenth of the targets ignored; "
+                 "every parameter's gradient compared, the largest difference kept.", out_dir=args.out)
     if kinds:
         marks = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in KINDS.items())
         write_result(f"pretrain_gpu_kernels{tag}", f"Where a training step's GPU time goes on {on}, by kind of kernel",

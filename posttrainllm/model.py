@@ -194,9 +194,9 @@ class GPT(nn.Module):
         # config because it changes memory and time, never the numbers.
         self.recompute_segment = 0
         # with targets and gradients on, the head and the loss as one step whose backward is done
-        # in the forward (fused_cross_entropy): less memory traffic on a GPU, same numbers, and
-        # no logits returned. Off by default: a forward that is never followed by backward()
-        # would pay for two matrix multiplies it does not use.
+        # in the forward (fused_cross_entropy): less memory traffic on a GPU, the same loss and
+        # gradients up to rounding, and no logits returned. Off by default: a forward that is
+        # never followed by backward() would pay for two matrix multiplies it does not use.
         self.fused_loss = False
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos_emb = nn.Embedding(config.block_size, config.n_embd) if config.positions == "learned" else None

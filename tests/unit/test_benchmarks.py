@@ -23,7 +23,7 @@ SCRIPTS = {  # script -> the result tables it writes
     "matmul": ["matmul"],
     "roofline": ["roofline_cpu", "roofline_operations_cpu"],
     "tokenizer": ["tokenizer_training", "tokenizer_encoding"],
-    "training_mechanics": ["checkpointing", "precision", "data_parallel"],
+    "training_mechanics": ["checkpointing", "precision", "data_parallel", "fsdp_optimizer"],
     "scaling": ["scaling_cpu"],
     "speculative": ["speculative_decoding", "sae_throughput"],
     "wasm": ["wasm_training", "wasm_matmul", "wasm_profile"],
