@@ -89,6 +89,10 @@ def training_rows(config, ids, steps: int, oracle: np.ndarray) -> list[list]:
     checkpointed.recompute_segment = 1
     rows.append(row("Gradient checkpointing (1 block per segment)", "activation memory", "no checkpointing", measure,
                     gap(train_losses(checkpointed, data)), 0.0))
+    fused = wasm.oracle_at_init(config)
+    fused.fused_loss = True  # here the row arithmetic in PyTorch; pretrain_gpu.py checks the Triton kernel
+    rows.append(row("Fused head and loss (PyTorch path)", "no logits kept for the backward pass",
+                    "head, then F.cross_entropy", measure, gap(train_losses(fused, data)), 1e-3))
     model = wasm.oracle_at_init(config)
     trainer = Fp16Trainer(model, torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0))
     rows.append(row("fp16 + fp32 master weights + loss scaling", "half the memory traffic; GPU tensor cores",

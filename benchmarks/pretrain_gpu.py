@@ -4,6 +4,7 @@
     python benchmarks/pretrain_gpu.py --quick --out /tmp/x    # anywhere: a tiny shape, a few steps, eager
     python benchmarks/pretrain_gpu.py --part trainer          # the torchrun trainer alone
                                                               # (results/pretrain_torchrun_gpu.json)
+    python benchmarks/pretrain_gpu.py --part drift --tag h100 # the fused head's drift from fp32 alone
     python benchmarks/pretrain_gpu.py --part models --batch 32 --rounds 2 --profile --tag h100
                                                               # another GPU's tables, beside the H200's
     python benchmarks/pretrain_gpu.py --part models --batch 64 --rounds 2 --profile --tune --tag h100_tuned
@@ -243,7 +244,8 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tiny shape, a few steps, no compile: a smoke test")
-    parser.add_argument("--part", choices=("all", "models", "trainer"), default="all")
+    parser.add_argument("--part", choices=("all", "models", "trainer", "drift"), default="all",
+                        help="drift: only the fused head's drift table")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--tag", default="", help="appended to the result files' names (e.g. h100 for a second GPU's "
                         "tables beside the H200's)")
@@ -269,7 +271,17 @@ def main(argv: list[str] | None = None) -> None:
     facts = (f"driver {nvidia_driver()}, torch {torch.__version__}, "
              f"NCCL {'.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else 'none'}, "
              f"{datetime.date.today().isoformat()}")
-    if args.part != "models" and not args.quick:
+    tag = f"_{args.tag}" if args.tag else ""
+    if args.part in ("all", "models", "drift"):
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        write_result(f"pretrain_gpu_head_drift{tag}", f"The fused head's drift on one {gpu}: bf16 loss and gradients "
+                     "against the plain head's in fp32", ["head", "loss, relative difference",
+                     "largest gradient difference, relative to its norm"], alone(head_drift, shape),
+                     f"{gpu}, {facts}. The book's GPT at the models' shape, 8 rows, a tenth of the targets ignored; "
+                     "every parameter's gradient compared, the largest difference kept.", out_dir=args.out)
+    if args.part == "drift":
+        return
+    if args.part in ("all", "trainer") and not args.quick:
         rows, notes = trainer_runs()
         write_result("pretrain_torchrun_gpu", f"The torchrun trainer at GPT-2 small's shape on one "
                      f"{torch.cuda.get_device_name()}: loss after a resume", ["run", "loss at step 20",
@@ -310,15 +322,9 @@ def main(argv: list[str] | None = None) -> None:
              f"median of {args.rounds} runs of {steps} steps after {warmup}, each run in a fresh process. "
              f"MFU: 6N + 12 L d T FLOPs per token over a dense bf16 peak of "
              f"{peak / 1e12 if peak else 'unknown'} TFLOP/s.")
-    tag = f"_{args.tag}" if args.tag else ""
     on = f"{gpu}, inductor's kernels tuned" if tuned else gpu
     write_result(f"pretrain_gpu{tag}", f"GPT-2 small's shape on one {on}: the book's GPT beside transformers' GPT-2",
                  ["model", "batch", "parameters", "tokens/s", "MFU", "vs transformers"], rows, notes, out_dir=args.out)
-    write_result(f"pretrain_gpu_head_drift{tag}", f"The fused head's drift on one {gpu}: bf16 loss and gradients "
-                 "against the plain head's in fp32", ["head", "loss, relative difference",
-                 "largest gradient difference, relative to its norm"], head_drift(shape),
-                 f"{gpu}, {facts}. The book's GPT at the shape above, 8 rows, a tenth of the targets ignored; "
-                 "every parameter's gradient compared, the largest difference kept.", out_dir=args.out)
     if kinds:
         marks = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in KINDS.items())
         write_result(f"pretrain_gpu_kernels{tag}", f"Where a training step's GPU time goes on {on}, by kind of kernel",

@@ -135,6 +135,7 @@ def data_parallel(args, ids) -> None:
 
 def fsdp_optimizer(args) -> None:
     (times, n_params), same = alone(_adamw_on_shards, 5 * args.repeats)  # a step is milliseconds: many repeats
+    assert same, "AdamW on the local shards moved the weights differently from AdamW on the DTensors"
     plain = times["on each DTensor's local shard"]
     # whole milliseconds and ratios: repeated runs here moved both by about 10%
     rows = [[name, f"{1e3 * seconds:.0f}", f"{seconds / plain:.0f}x"] for name, seconds in times.items()]
@@ -143,7 +144,7 @@ def fsdp_optimizer(args) -> None:
         f"One AdamW step over a 12-block GPT's {n_params} parameters, sharded by FSDP2 (one gloo process)",
         ["each operation", "ms per step (best of repeats)", "vs local shards"],
         rows,
-        f"One process, one thread; the same weights after a step either way: {same}. Width 64, so the arithmetic "
+        "One process, one thread; both give the same weights, bit for bit, after a step. Width 64, so the arithmetic "
         "is small and what differs is the cost of dispatching each operation through DTensor, which on a GPU "
         "is CPU time spent before each kernel can start.",
         args.out,

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import tomllib
 from importlib import metadata
@@ -123,6 +124,10 @@ def test_ci_tests_the_pinned_versions():
         pytest.skip("a laptop may install from the ranges (make CONSTRAINTS=); CI installs the pins")
     from packaging.utils import canonicalize_name
 
-    installed = {canonicalize_name(d.metadata["Name"]): d.version.split("+")[0] for d in metadata.distributions()}
+    # what pip installed into this environment: not the copies a package vendors, such as the ones
+    # setuptools puts on sys.path once imported (torch.compile's CPU backend imports it)
+    site = sorted({sysconfig.get_paths()[kind] for kind in ("purelib", "platlib")})
+    installed = {canonicalize_name(d.metadata["Name"]): d.version.split("+")[0]
+                 for d in metadata.distributions(path=site)}
     differ = {n: (v, installed.get(n)) for n, v in _pins().items() if installed.get(n) != v}
     assert differ == {}, f"pinned vs installed: {differ}"
