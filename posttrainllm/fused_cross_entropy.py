@@ -4,11 +4,11 @@ A GPT's last matrix multiply writes a (tokens x vocabulary) matrix of logits: at
 shape and 64 rows of 1024 tokens, 65,536 x 50,304 bf16 numbers, 6.6 GB. ``F.cross_entropy`` then
 reads all of it in the forward pass, reads it again in the backward pass and writes a gradient
 of the same size. That traffic, not arithmetic, sets the time. Here a kernel per row finds the
-row's log-sum-exp and, sweeping the row a second time while it is still in the GPU's L2 cache,
-overwrites each logit with its gradient, ``softmax - onehot``; the head's two backward matrix
-multiplies run at once, and the backward pass only scales their results by the incoming gradient
-of the loss. This is Liger-Kernel's fused linear cross-entropy (Hsu et al., 2024,
-arXiv:2410.10989) without its chunking, on one row of 50k logits per kernel program.
+row's log-sum-exp and, sweeping the row a second time, overwrites each logit with its gradient,
+``softmax - onehot``; the head's two backward matrix multiplies run at once, and the backward
+pass only scales their results by the incoming gradient of the loss. This is Liger-Kernel's
+fused linear cross-entropy (Hsu et al., 2024, arXiv:2410.10989) without its chunking, one row of
+logits per kernel program.
 
 On a CUDA device with Triton the row kernel is Triton; elsewhere the same arithmetic runs in
 PyTorch, so the CPU tests check the method and the GPU benchmark checks the kernel against it.
@@ -115,7 +115,7 @@ def _make_triton_rows():
         picked = tl.load(base + tl.where(valid, target, 0)).to(tl.float32)  # before it is overwritten
         tl.store(losses + row, tl.where(valid, lse - picked, 0.0))
         weight = tl.where(valid, tl.load(scale), 0.0)
-        for start in range(0, vocab, BLOCK):  # the row again, mostly from L2 now
+        for start in range(0, vocab, BLOCK):  # the row again: each logit becomes its gradient
             c = start + cols
             x = tl.load(base + c, mask=c < vocab, other=0.0).to(tl.float32)
             grad = (tl.exp(x - lse) - tl.where(c == target, 1.0, 0.0)) * weight
