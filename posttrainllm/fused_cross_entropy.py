@@ -21,7 +21,10 @@ from __future__ import annotations
 import torch
 
 IGNORE_INDEX = -100  # F.cross_entropy's default: a target that adds no loss and no gradient
-BLOCK, WARPS = 4096, 8  # logits a Triton program reads at a time, and its warps
+# Logits a Triton program reads at a time, and its warps. Reading a whole row once instead (65,536
+# logits held in 32 warps' registers, so the second sweep reads nothing) made the kernel twice as
+# slow on an H100: 9.9% of a step's GPU time against 5.0%.
+BLOCK, WARPS = 4096, 8
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,

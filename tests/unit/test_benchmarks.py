@@ -37,7 +37,7 @@ COMMITTED = {  # measured on a GPU: an H200, and an H100 for the files tagged h1
     "roofline": ["roofline_gpu"],
     "pretrain_gpu": ["pretrain_gpu", "pretrain_torchrun_gpu", "pretrain_gpu_h100", "pretrain_gpu_kernels_h100",
                      "pretrain_gpu_h100_tuned", "pretrain_gpu_kernels_h100_tuned", "pretrain_gpu_h100_fused",
-                     "pretrain_gpu_kernels_h100_fused"],
+                     "pretrain_gpu_kernels_h100_fused", "pretrain_gpu_head_drift_h100"],
     "notebooks_on_device": ["notebooks_gpu"],
 }
 
@@ -156,6 +156,10 @@ def test_what_the_readme_says_of_the_h200_training_figures():
     assert round(100 * (rate(fused[FUSED]) / rate(fused["posttrainllm"]) - 1), 1) == 1.5
     assert fused[FUSED]["MFU"] == "43.0%" and rate(fused[FUSED]) > rate(fused["transformers"])
     assert [fused_kinds[m]["fused elementwise (Triton)"] for m in ("posttrainllm", FUSED)] == ["31.4%", "29.8%"]
+    # "Its Triton kernel's bf16 loss and gradients are as close to the plain head's in fp32 as the plain head's
+    # in bf16 are"
+    drift = {row[0]: [float(cell) for cell in row[1:]] for row in committed("pretrain_gpu_head_drift_h100")["rows"]}
+    assert all(f <= p for f, p in zip(drift["fused head, bf16"], drift["plain head, bf16"], strict=True))
     runs = committed("pretrain_torchrun_gpu")
     spread = {row[0]: float(row[-1]) for row in runs["rows"]}
     # "two runs from scratch differ in their fourth digit; the resumed run stayed closer than that"
