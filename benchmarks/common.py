@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 
@@ -98,6 +99,16 @@ def write_result(name: str, title: str, columns: list[str], rows: list[list], no
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 FLOP/s of the SXM parts (NVIDIA's data sheets halved:
 # they quote 1,979 TFLOP/s with 2:4 sparsity)
+
+
+def result_suffix(tag: str | None, gpu: str) -> str:
+    """``_<tag>`` for a GPU result file's name. Untagged names hold the H200's tables (the GPU the
+    issues name), so with no ``--tag`` a run on any other GPU is named after its model
+    (``NVIDIA H100 80GB HBM3`` -> ``_h100``) and cannot overwrite them."""
+    if tag is None:
+        model = re.search(r"\b[A-Z]+\d+\w*", gpu)
+        tag = "" if "H200" in gpu else (model.group() if model else re.sub(r"\W+", "_", gpu).strip("_")).lower()
+    return f"_{tag}" if tag else ""
 
 
 def peak_bf16(gpu: str) -> float | None:

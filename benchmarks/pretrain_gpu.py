@@ -47,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, alone, gpt_flops_per_token, nvidia_driver, peak_bf16, write_result  # noqa: E402
+from common import RESULTS, alone, gpt_flops_per_token, nvidia_driver, peak_bf16, result_suffix, write_result  # noqa: E402
 
 SHAPE = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50304}
 SMOKE = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 512}
@@ -247,8 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--part", choices=("all", "models", "trainer", "drift"), default="all",
                         help="drift: only the fused head's drift table")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--tag", default="", help="appended to the result files' names (e.g. h100 for a second GPU's "
-                        "tables beside the H200's)")
+    parser.add_argument("--tag", help="appended to the result files' names (default: none on an H200, else "
+                        "the GPU's model, e.g. h100)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, nargs="+", default=[16],
                         help="rows of 1024 tokens per step; several give a row each")
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     facts = (f"driver {nvidia_driver()}, torch {torch.__version__}, "
              f"NCCL {'.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else 'none'}, "
              f"{datetime.date.today().isoformat()}")
-    tag = f"_{args.tag}" if args.tag else ""
+    tag = result_suffix(args.tag, torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
     if args.part in ("all", "models", "drift"):
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         write_result(f"pretrain_gpu_head_drift{tag}", f"The fused head's drift on one {gpu}: bf16 loss and gradients "

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, gpt_flops_per_token, peak_bf16, write_result  # noqa: E402
+from common import RESULTS, gpt_flops_per_token, peak_bf16, result_suffix, write_result  # noqa: E402
 
 from posttrainllm import pretrain  # noqa: E402
 from posttrainllm.model import GPT  # noqa: E402
@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="few steps, one round: a smoke test")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--tag", help="appended to a GPU table's name (default: none on an H200, else the GPU's "
+                        "model, e.g. h100)")
     parser.add_argument("overrides", nargs="*", help="trainer settings for every run, e.g. micro_batch=8")
     args = parser.parse_args(argv)
     gpus = torch.cuda.device_count()
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
              f"{settings.precision}{' ' + ' '.join(args.overrides) if args.overrides else ''}; {backend}. "
              f"Median tokens/s of steps {SKIP + 1}-{steps}, median of {rounds} runs. "
              "Efficiency: tokens/s(N) / (N x tokens/s(1)).")
-    name = "scaling_gpu" if gpus else "scaling_cpu"
+    name = f"scaling_gpu{result_suffix(args.tag, torch.cuda.get_device_name())}" if gpus else "scaling_cpu"
     write_result(name, f"Weak scaling of the torchrun trainer, DDP and FSDP2 ({backend})",
                  ["parallel", "processes", "tokens/s", "scaling efficiency", "MFU"], rows, notes, args.out)
 

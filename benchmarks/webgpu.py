@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, alone, write_result  # noqa: E402
+from common import RESULTS, alone, result_suffix, write_result  # noqa: E402
 
 from posttrainllm import webgpu  # noqa: E402
 
@@ -354,8 +354,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="measurements per kernel, kernels in turn")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="which tables to measure")
-    parser.add_argument("--tag", default="", help="appended to the result files' names (e.g. h100 for a second "
-                        "GPU's tables beside the H200's)")
+    parser.add_argument("--tag", help="appended to the result files' names (default: none on an H200, else "
+                        "the GPU's model, e.g. h100)")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeat, args.rounds = 2, 1
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     if (adapter["info"].get("adapter_type") == "CPU") != cpu:
         raise SystemExit(f"--driver says {'a CPU driver' if cpu else 'a GPU'}, but the adapter is {adapter['name']}")
     suffix, context = ("cpu", " (a CPU driver: correctness only, not GPU speed)") if cpu else ("gpu", "")
-    suffix += f"_{args.tag}" if args.tag else ""
+    suffix += result_suffix("" if cpu and args.tag is None else args.tag, adapter["name"])  # CPU: plain unless tagged
     if "matmul" in args.tables:
         matmul_table(adapter, args, sizes, baselines, suffix, context)
     if "attention" in args.tables:

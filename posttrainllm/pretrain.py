@@ -18,7 +18,8 @@ rows one process with twice the accumulation sees, and a run resumed on another 
 the same ``G`` continues the same stream.
 
 A step is ``grad_accum`` forwards per process (gradient sync only on the last: ``no_sync`` for
-DDP, ``set_requires_gradient_sync`` for FSDP2), then the book's global-norm clipping, warmup +
+DDP, ``set_requires_gradient_sync`` for FSDP2, which also keeps its gathered weights from one
+micro-batch to the next), then the book's global-norm clipping, warmup +
 cosine schedule and AdamW (module 8). ``precision = "bf16"`` trains bf16 activations on fp32
 weights: autocast, and for FSDP2 a ``MixedPrecisionPolicy`` that gathers the weights in bf16 and
 reduces the gradients in fp32.
@@ -74,6 +75,8 @@ class PretrainConfig:
     weight_decay: float = 0.1
     max_grad_norm: float = 1.0  # 0: no clipping
     parallel: str = "ddp"  # or "fsdp"; ignored by a single process started without torchrun
+    reshard_after_forward: bool = True  # FSDP2: free a block's gathered weights after its forward
+    # (ZeRO-3), gathering them again for its backward; false keeps them until then (more memory)
     precision: str = "fp32"  # "bf16" or "fp64"
     compile: bool = False
     device: str = ""  # "" = POSTTRAINLLM_DEVICE, else "auto" (CUDA, then MPS, then the CPU)
@@ -214,14 +217,17 @@ def wrap(model: GPT, config: PretrainConfig, launch: Launch) -> torch.nn.Module:
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if config.precision == "bf16" else MixedPrecisionPolicy()
     for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=config.reshard_after_forward)
     return fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def _sync(wrapped: torch.nn.Module, on: bool):
-    """Gradient sync on or off for the next backward: DDP's ``no_sync``, FSDP2's flag."""
+    """Gradient sync on or off for the next backward: DDP's ``no_sync``, FSDP2's flag. Off (a
+    micro-batch before the step's last), FSDP2 also keeps the weights its backward gathered, so
+    the next forward need not gather them again; the last backward reshards them for the step."""
     if hasattr(wrapped, "set_requires_gradient_sync"):
         wrapped.set_requires_gradient_sync(on)
+        wrapped.set_reshard_after_backward(on)
         return contextlib.nullcontext()
     if hasattr(wrapped, "no_sync") and not on:
         return wrapped.no_sync()

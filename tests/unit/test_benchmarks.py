@@ -85,6 +85,15 @@ def test_result_files_name_the_cpu_and_its_instruction_set(tmp_path):
     assert common.cpu_model() in described and f"{common.instruction_set()} kernels" in described
 
 
+def test_only_the_h200_writes_the_untagged_gpu_tables():
+    suffix = benchmark("common").result_suffix
+    assert suffix(None, "NVIDIA H200") == ""
+    assert suffix(None, "NVIDIA H100 80GB HBM3") == "_h100"
+    assert suffix(None, "NVIDIA GeForce RTX 4090") == "_nvidia_geforce_rtx_4090"
+    assert suffix("h100_fused", "NVIDIA H100 80GB HBM3") == "_h100_fused"
+    assert suffix("", "NVIDIA H100 80GB HBM3") == ""  # asked for by name
+
+
 def test_notebooks_on_device_names_the_cell_that_failed(tmp_path):
     import nbformat
 

@@ -50,6 +50,12 @@ def test_two_processes_match_one_process_on_the_global_batch(tokens, uninterrupt
     single = launch(tmp_path, tokens, "grad_accum=2", processes=1)
     for mode in ("ddp", "fsdp"):  # the same rows, summed in another order
         np.testing.assert_allclose(uninterrupted[mode], single, rtol=1e-10, err_msg=mode)
+    # FSDP2 accumulating 2 micro-batches of 2 rows: it keeps the gathered weights between them,
+    # and must reshard before the step or the next forward would see the old weights
+    for keep in ("true", "false"):
+        accumulated = launch(tmp_path / keep, tokens, "parallel=fsdp", "micro_batch=2", "grad_accum=2",
+                             f"reshard_after_forward={keep}")
+        np.testing.assert_allclose(accumulated, single, rtol=1e-10, err_msg=f"reshard_after_forward={keep}")
 
 
 def test_a_checkpoint_saved_by_two_fsdp_processes_resumes_in_one(tokens, uninterrupted, tmp_path):
