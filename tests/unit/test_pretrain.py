@@ -51,7 +51,7 @@ def test_two_processes_match_one_process_on_the_global_batch(tokens, uninterrupt
     for mode in ("ddp", "fsdp"):  # the same rows, summed in another order
         np.testing.assert_allclose(uninterrupted[mode], single, rtol=1e-10, err_msg=mode)
     # FSDP2 accumulating 2 micro-batches of 2 rows: it keeps the gathered weights between them,
-    # and must reshard before the step or the next forward would see the old weights
+    # and must reshard them after the last, before the optimizer updates the shards
     for keep in ("true", "false"):
         accumulated = launch(tmp_path / keep, tokens, "parallel=fsdp", "micro_batch=2", "grad_accum=2",
                              f"reshard_after_forward={keep}")
