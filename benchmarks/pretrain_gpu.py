@@ -271,9 +271,9 @@ def main(argv: list[str] | None = None) -> None:
     facts = (f"driver {nvidia_driver()}, torch {torch.__version__}, "
              f"NCCL {'.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else 'none'}, "
              f"{datetime.date.today().isoformat()}")
-    tag = result_suffix(args.tag, torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    tag = result_suffix(args.tag, gpu)
     if args.part in ("all", "models", "drift"):
-        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         write_result(f"pretrain_gpu_head_drift{tag}", f"The fused head's drift on one {gpu}: bf16 loss and gradients "
                      "against the plain head's in fp32", ["head", "loss, relative difference",
                      "largest gradient difference, relative to its norm"], alone(head_drift, shape),

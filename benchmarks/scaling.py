@@ -65,13 +65,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="trainer settings for every run, e.g. micro_batch=8")
     args = parser.parse_args(argv)
     gpus = torch.cuda.device_count()
+    gpu = torch.cuda.get_device_name() if gpus else ""
     counts = [int(n) for n in args.processes.split(",")] if args.processes else \
         [n for n in (1, 2, 4, 8) if n <= gpus] if gpus else [1, 2]
     steps = args.steps or (SKIP + 3 if args.quick else 30)
     rounds = 1 if args.quick else args.rounds
     settings = pretrain.load_config(args.config, args.overrides)
     flops = gpt_flops_per_token(GPT(settings.model).n_params(), settings.model)
-    peak = peak_bf16(torch.cuda.get_device_name()) if gpus else None
+    peak = peak_bf16(gpu) if gpus else None
     measured: dict[tuple[str, int], list[float]] = {}
     for _ in range(rounds):
         for mode in ("ddp", "fsdp"):
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         mfu = f"{100 * tokens * flops / (n * peak):.1f}%" if peak else "n/a"
         rows.append([mode.upper() if mode == "ddp" else "FSDP2", n, f"{tokens:,.0f}", efficiency, mfu])
     backend = "NCCL" if gpus else "gloo"
-    where = f"{gpus} x {torch.cuda.get_device_name()}" if gpus else f"CPU, {os.cpu_count()} cores, one thread a process"
+    where = f"{gpus} x {gpu}" if gpus else f"CPU, {os.cpu_count()} cores, one thread a process"
     nccl = f", NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}" if gpus else ""
     notes = (f"{where}; torch {torch.__version__}{nccl}; {datetime.date.today().isoformat()}. Config "
              f"{args.config!r} ({settings.model.n_layer} layers, width {settings.model.n_embd}, context "
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
              f"{settings.precision}{' ' + ' '.join(args.overrides) if args.overrides else ''}; {backend}. "
              f"Median tokens/s of steps {SKIP + 1}-{steps}, median of {rounds} runs. "
              "Efficiency: tokens/s(N) / (N x tokens/s(1)).")
-    name = f"scaling_gpu{result_suffix(args.tag, torch.cuda.get_device_name())}" if gpus else "scaling_cpu"
+    name = f"scaling_gpu{result_suffix(args.tag, gpu)}" if gpus else "scaling_cpu"
     write_result(name, f"Weak scaling of the torchrun trainer, DDP and FSDP2 ({backend})",
                  ["parallel", "processes", "tokens/s", "scaling efficiency", "MFU"], rows, notes, args.out)
 
