@@ -52,6 +52,8 @@ $(LITE_WHEELS): $(VENV)/.installed $(VENDOR)/.installed book/_ext/lite_site.py
 vendor: $(VENDOR)/.installed $(LITE_WHEELS)
 
 # --- the two commands ----------------------------------------------------------------------
+# The reference chapters execute during the build and load the shared models: the book's extension
+# trains any the cache lacks before the first chapter runs (posttrainllm models), a bar for each.
 book: install vendor
 	$(BIN)/jupyter-book build $(STRICT) .
 ifeq ($(SERVE),1)

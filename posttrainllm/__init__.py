@@ -63,7 +63,8 @@ Each module holds one concept, named after it, in the order the curriculum meets
             ``induction``         induction heads in an attention-only model; patching, ablation
 
 Around them: ``assets`` (the kernels and the WASM trainer, shipped as package data),
-``atomic`` (files written whole or not at all), and the book's tooling in ``tools``.
+``atomic`` (files written whole or not at all), ``progress`` (the training loops' bars, shown
+when someone waits on them), and the book's tooling in ``tools``.
 
 Imports here stay light (no torch) so ``import posttrainllm`` is instant everywhere.
 """
@@ -76,16 +77,25 @@ __version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it fr
 
 class _MissingTorch(importlib.abc.MetaPathFinder):
     """Consulted last, so only when no installed package provides ``torch``: turns the bare
-    ``No module named 'torch'`` of modules 5-10 into the command that fixes it."""
+    ``No module named 'torch'`` of modules 5-10 into the command that fixes it. Only an ``import``
+    written in this package gets the message; anyone else (``importlib.util.find_spec("torch")``,
+    another library's optional import) sees the usual ``None``."""
 
     def find_spec(self, name, path=None, target=None):
-        if name == "torch":
+        if name == "torch" and _importer(sys._getframe(1)).startswith("posttrainllm"):
             raise ModuleNotFoundError(
                 "PyTorch is not installed, and posttrainllm's modules from 5 on need it: "
                 "pip install 'posttrainllm[torch]' (or, in a clone of the book, make install)",
                 name="torch",
             )
         return None
+
+
+def _importer(frame) -> str:
+    """The module whose code asked for the import: the first frame outside the import system."""
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        frame = frame.f_back
+    return str(frame.f_globals.get("__name__", "")) if frame is not None else ""
 
 
 if not any(isinstance(finder, _MissingTorch) for finder in sys.meta_path):

@@ -22,6 +22,7 @@ def replacing(path: str | Path) -> Iterator[Path]:
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     tmp = Path(name)
+    os.chmod(tmp, _mode(path))  # mkstemp's 0600 would make a shared cache or a saved file private
     try:
         yield tmp
         with open(tmp, "ab") as written:  # on disk before the rename, so a power cut cannot leave it empty
@@ -30,6 +31,27 @@ def replacing(path: str | Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def _mode(path: Path) -> int:
+    """The mode ``path`` keeps if it exists, else the one ``open`` would give it under the umask."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    try:  # Linux says it without changing it (os.umask can only be read by setting it)
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:

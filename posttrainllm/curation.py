@@ -21,7 +21,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from posttrainllm import contamination, dedup, quality, sft
+from posttrainllm import contamination, dedup, quality, sft, tuned
+from posttrainllm.pretrained import Recipe, base_model
 from posttrainllm.sft import Example
 
 STAGES = ("raw", "deduplicated", "quality-filtered", "decontaminated")
@@ -78,8 +79,6 @@ def stages() -> dict[str, list[int]]:
 def stage_model(stage: str, steps: int = 500, cache_dir: Path | None = None):
     """Module 9's LoRA r=4 SFT (same steps, rate and seed, the default base recipe) on one stage's
     rows; cached. Returns ``(model, history)``."""
-    from posttrainllm import tuned  # pretrained lists this module's models, so it is imported when needed
-    from posttrainllm.pretrained import Recipe, base_model
 
     recipe = Recipe()
     if stage not in STAGES:

@@ -16,7 +16,9 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
+from posttrainllm import sft, tuned
 from posttrainllm.model import GPT, log_probs
+from posttrainllm.pretrained import SPECULATIVE_DRAFT, base_model
 from posttrainllm.sft import END, IGNORE, Example, pack, render, train_sft
 from posttrainllm.tokenizer import Tokenizer
 
@@ -62,8 +64,6 @@ def student(distilled: bool, steps: int = 600, cache_dir: Path | None = None) ->
     width 32) fine-tuned for ``steps`` steps at lr 3e-3 on module 9's 2,000 training questions,
     from the labels (``distilled=False``, plain SFT) or from module 9's full SFT model's
     distributions. Returns ``(model, {"loss": [...]})``."""
-    from posttrainllm import sft, tuned  # pretrained lists these models, so it is imported when needed
-    from posttrainllm.pretrained import SPECULATIVE_DRAFT, base_model
 
     def fit(model: GPT) -> dict:
         tokenizer, train_set = base_model(cache_dir=cache_dir)[1], sft.examples("questions", 2000)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from posttrainllm import progress as bars
 from posttrainllm.model import GPT, log_probs
 from posttrainllm.optim import AdamW
 from posttrainllm.sft import END, IGNORE, Example, pack, render
@@ -82,7 +83,7 @@ def train_dpo(policy: GPT, reference: GPT, tokenizer: Tokenizer, pairs: list[Pai
     history: dict = {"loss": [], "margin": [], "chosen_logp": []}
     n_tokens = (chosen[1] != IGNORE).sum(-1)
     policy.train()
-    for _ in range(steps):
+    for _ in bars.steps(steps, "DPO"):
         rows = torch.randint(0, len(pairs), (batch_size,), generator=generator)
         pol_c = sequence_logprob(policy, chosen[0][rows], chosen[1][rows])
         pol_r = sequence_logprob(policy, rejected[0][rows], rejected[1][rows])

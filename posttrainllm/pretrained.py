@@ -17,13 +17,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from posttrainllm import curation, data, distill, reward_model, rl
+from posttrainllm import data
 from posttrainllm.model import GPT, GPTConfig
 from posttrainllm.tokenizer import Tokenizer
 from posttrainllm.train import load_checkpoint, save_checkpoint, train
@@ -123,41 +123,3 @@ def held_out_ids(tokenizer: Tokenizer, recipe: Recipe = Recipe()) -> np.ndarray:
 # 0.2 apart and its greedy texts differed), at 1e-3 the two agree to 2e-12.
 SPECULATIVE_TARGET = Recipe(n_layer=6, n_embd=128, lr=1e-3)
 SPECULATIVE_DRAFT = Recipe(n_layer=1, n_embd=32)
-
-
-def _tuned_models():
-    from posttrainllm import tuned  # built on this module, so imported when first needed
-
-    return tuned
-
-
-# Every cached model a notebook or a computed chapter loads: modules 7–10's base model, module 10's
-# speculative-decoding target and draft, module 9's fine-tuned models (which module 10 scores
-# again), and the post-training data chapter's fine-tunes.
-NOTEBOOK_MODELS: dict[str, Callable[[], object]] = {
-    "base": lambda: base_model(),
-    "speculative target (6 blocks, width 128)": lambda: base_model(SPECULATIVE_TARGET),
-    "speculative draft (1 block, width 32)": lambda: base_model(SPECULATIVE_DRAFT),
-    **{f"SFT, {f'LoRA r={r}' if r else 'all weights'}": (lambda r=r: _tuned_models().sft_model(rank=r))
-       for r in (None, 1, 2, 4, 8)},
-    **{f"DPO, NLL weight {w:g}": (lambda w=w: _tuned_models().dpo_model(nll_weight=w)) for w in (0.0, 1.0)},
-    **{f"GRPO, {reward.split(':')[0]} reward": (lambda reward=reward: _tuned_models().grpo_model(reward))
-       for reward in rl.REWARDS},
-    # the reference shelf: the post-training data chapter's SFT runs, one per curation stage, and the
-    # reward-models chapter's reward models and students
-    **{f"SFT on planted data, {stage}": (lambda stage=stage: curation.stage_model(stage)) for stage in curation.STAGES},
-    **{f"reward model, {n or 'all'} pairs": (lambda n=n: reward_model.cached(n, steps=60 if n else 200))
-       for n in (None, 20)},
-    **{f"student, {'distilled' if d else 'labels'}": (lambda d=d: distill.student(d)) for d in (False, True)},
-}
-
-
-def build_all(report: Callable[[str, float], None] = lambda name, seconds: None) -> None:
-    """Train (or find in the cache) every model in :data:`NOTEBOOK_MODELS`; ``report(name, seconds)``
-    after each. Run once before the notebooks so that none of them pays for training on its first run."""
-    import time
-
-    for name, build in NOTEBOOK_MODELS.items():
-        start = time.perf_counter()
-        build()
-        report(name, time.perf_counter() - start)

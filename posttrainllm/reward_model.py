@@ -22,10 +22,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from posttrainllm import preference, sft, tuned
+from posttrainllm import progress as bars
 from posttrainllm.logit_lens import residual_streams
 from posttrainllm.model import GPT
 from posttrainllm.optim import AdamW
 from posttrainllm.preference import Pair
+from posttrainllm.pretrained import Recipe, base_model
 from posttrainllm.sft import END, chat_ids
 from posttrainllm.tokenizer import Tokenizer
 
@@ -74,7 +77,7 @@ def train(model: RewardModel, tokenizer: Tokenizer, pairs: list[Pair], steps: in
     optimizer = AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
     losses = []
-    for _ in range(steps):
+    for _ in bars.steps(steps, "reward model"):
         batch = [pairs[i] for i in torch.randint(len(pairs), (batch_size,), generator=generator).tolist()]
         loss = bradley_terry_loss(*pair_rewards(model, tokenizer, batch))
         optimizer.zero_grad(set_to_none=True)
@@ -101,8 +104,6 @@ def cached(n_pairs: int | None = None, steps: int = 200, cache_dir: Path | None 
     fitted (lr 1e-3, batches of 16) to the first ``n_pairs`` (all, if None) of module 9's DPO pairs —
     the LoRA r=4 model's wrong greedy answers to 600 training questions (seed 1), each against the
     right one. Returns ``(model, {"loss": [...]})``."""
-    from posttrainllm import preference, sft, tuned  # pretrained lists this model, so it is imported when needed
-    from posttrainllm.pretrained import Recipe, base_model
 
     def fit(model: RewardModel) -> dict:
         policy, tokenizer = tuned.sft_model(4, cache_dir=cache_dir)[0], base_model(cache_dir=cache_dir)[1]

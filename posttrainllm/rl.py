@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from posttrainllm import evals
+from posttrainllm import progress as bars
 from posttrainllm.model import GPT, KVCache, log_probs
 from posttrainllm.optim import AdamW
 from posttrainllm.sft import END, Example, chat_ids
@@ -143,7 +144,7 @@ def train_grpo(policy: GPT, reference: GPT, tokenizer: Tokenizer, prompts: list[
     rng = np.random.default_rng(seed)
     history: dict = {"reward": [], "kl": [], "tracked": []}
     reference.eval()
-    for _ in range(steps):
+    for _ in bars.steps(steps, "RL"):
         batch = []
         for index in rng.choice(len(prompts), prompts_per_step, replace=False):
             example = prompts[index]

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from posttrainllm import data
+from posttrainllm import progress as bars
 from posttrainllm.model import GPT
 from posttrainllm.optim import AdamW
 from posttrainllm.tokenizer import Tokenizer
@@ -142,7 +143,7 @@ def train_sft(
     generator = torch.Generator().manual_seed(seed)
     model.train()
     losses = []
-    for _ in range(steps):
+    for _ in bars.steps(steps, "SFT"):
         rows = torch.randint(0, len(inputs), (batch_size,), generator=generator)
         loss = loss_fn(model, inputs[rows], targets[rows]) if loss_fn else model(inputs[rows], targets[rows])[1]
         optimizer.zero_grad(set_to_none=True)

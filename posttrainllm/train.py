@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from posttrainllm import atomic
+from posttrainllm import progress as bars
 from posttrainllm.data import get_batch
 from posttrainllm.device import borrowed
 from posttrainllm.model import GPT, GPTConfig, KVCache
@@ -73,11 +74,7 @@ def train(
     if optimizer is None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     history: dict = {"train": [], "val": [], "lr": [], "grad_norm": []}
-    steps_iter = range(steps)
-    if progress:
-        from tqdm.auto import tqdm
-
-        steps_iter = tqdm(steps_iter, desc="training", leave=False)
+    steps_iter = bars.steps(steps, "next-token loss", show=progress)
     with borrowed(model, device, optimizer) as device:
         for step in steps_iter:
             if lr_schedule is not None:

@@ -161,7 +161,7 @@ def build(outdir: Path) -> None:
 
 
 def on_build_finished(app, exception) -> None:
-    if exception is None and app.builder.name == "html":
+    if exception is None and app.builder.name == "html" and app.config.posttrainllm_lite_site:
         build(Path(app.outdir) / "lite")
 
 

@@ -19,6 +19,7 @@ passes no kernel-manager settings through, so the default is set here.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import lite_site
@@ -41,6 +42,9 @@ def _links(topic: study.Topic) -> str:
 
 
 def study_queue_page(text: str) -> str:
+    problems = study.markup_problems(text)
+    if problems:  # a hand edit: the page would run or show markup the reader did not mean as text
+        raise ValueError("book/study-queue.md: " + "; ".join(problems) + " (`posttrainllm study check` lists these)")
     topics = study.parse(text)
     lines = text.splitlines(keepends=True)
     for topic in reversed(topics):  # insert bottom-up so earlier line numbers stay valid
@@ -178,6 +182,18 @@ def add_browser_links(app, doctree) -> None:
     section.insert(1, nodes.raw("", html, format="html"))
 
 
+def build_shared_models(app, env, docnames: list[str]) -> None:
+    """Before any page that executes at build time (``execution_mode: force``: the reference shelf)
+    is read, train the shared models it loads that the cache lacks, each with a progress bar, so a
+    first build never trains them inside a chapter's timed cell."""
+    executed = [d for d in docnames if "execution_mode: force" in Path(env.doc2path(d)).read_text(encoding="utf-8")]
+    if executed:
+        from posttrainllm.tools import models
+
+        print(f"the shared models that {len(executed)} executed pages load:", flush=True)
+        models.build_all(out=sys.stdout)
+
+
 def encrypt_kernel_channels() -> None:
     from jupyter_client.manager import KernelManager
 
@@ -186,8 +202,11 @@ def encrypt_kernel_channels() -> None:
 
 def setup(app):
     encrypt_kernel_channels()
+    app.connect("env-before-read-docs", build_shared_models)
     app.connect("source-read", on_source_read)
     app.connect("html-page-context", drop_duplicate_scripts)
     app.connect("doctree-read", add_browser_links)
+    # the JupyterLite site (on by default); a test's small book of a page or two turns it off
+    app.add_config_value("posttrainllm_lite_site", True, "html", types=[bool])
     app.connect("build-finished", lite_site.on_build_finished)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

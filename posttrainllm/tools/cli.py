@@ -1,6 +1,7 @@
 """``posttrainllm`` on the command line: ``posttrainllm study status|fill|check``, ``posttrainllm coverage``,
 ``posttrainllm models``."""
 
+
 from __future__ import annotations
 
 import argparse
@@ -8,7 +9,12 @@ import os
 import sys
 from pathlib import Path
 
+import posttrainllm
 from posttrainllm.tools import coverage, study
+
+DESCRIPTION = "The posttrainllm book's command line: the study queue, the coverage map and the shared models."
+# the extra that installs a missing module, for the one-line error a command gives without it
+EXTRAS = {"torch": "torch"}
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -49,16 +55,19 @@ def _coverage(args: argparse.Namespace) -> int:
     return 0
 
 
-def _models(_args: argparse.Namespace) -> int:
-    from posttrainllm import data, pretrained
+def _models(args: argparse.Namespace) -> int:
+    from posttrainllm import data
+    from posttrainllm.tools import models
 
-    print(f"the notebooks' shared models, in {data.default_cache_dir()}:")
-    pretrained.build_all(lambda name, seconds: print(f"  {name:40s} {seconds:6.1f} s", flush=True))
+    print(f"the notebooks' shared models, in {data.default_cache_dir()}:", flush=True)
+    taken = models.build_all(out=sys.stdout, record=args.record)
+    print(f"all {len(taken)} models ready in {sum(taken.values()) / 60:.1f} min", flush=True)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="posttrainllm", description=__doc__)
+    parser = argparse.ArgumentParser(prog="posttrainllm", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"posttrainllm {posttrainllm.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     st = sub.add_parser("study", help="the study queue (book/study-queue.md)")
     st.add_argument("--file", type=Path, default=None, help="another study-queue file")
@@ -77,9 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     cov = sub.add_parser("coverage", help="which notebook section teaches each module")
     cov.add_argument("--root", type=Path, default=None, help="a clone of the book (default: the one you are in)")
     cov.set_defaults(run=_coverage)
-    sub.add_parser("models", help="train the notebooks' shared models into the cache, once").set_defaults(
-        run=_models
-    )
+    mod = sub.add_parser("models", help="train the notebooks' shared models into the cache, once")
+    mod.add_argument("--record", type=Path, default=None,
+                     help="write the times to this file (assets/model_times.json, from an empty cache)")
+    mod.set_defaults(run=_models)
     return parser
 
 
@@ -92,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `posttrainllm study status | head -1`: the reader has what they wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's advice: no error at exit
         return 0
+    except ModuleNotFoundError as err:
+        extra = EXTRAS.get((err.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"error: `posttrainllm {args.command}` needs {err.name}, which is not installed: "
+              f"pip install 'posttrainllm[{extra}]'", file=sys.stderr)
+        return 2
     except (study.StudyQueueError, OSError, UnicodeDecodeError) as err:
         print(f"error: {_reason(err)}", file=sys.stderr)
         return 2

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from posttrainllm import atomic
+from posttrainllm.tools import markup
 from posttrainllm.tools.checkout import repo_root
 
 UNFILLED = {"", "TBD"}
@@ -134,23 +135,8 @@ def find(topics: list[Topic], name: str) -> Topic:
     )
 
 
-# Markdown that would end the field on the book's page: a heading, list item, quote, table row or
-# code fence at the start of a line, and raw HTML tags anywhere.
+# A field's value continues on lines that do not start another block (see :func:`parse`).
 _BLOCK_START = re.compile(r"^(#{1,6}\s|[-*+]\s|\d+[.)]\s|>|\||```|~~~)")
-_HTML_TAG = re.compile(r"<[A-Za-z/!?]")
-
-
-def _refuse_markup(line: str) -> None:
-    if block := _BLOCK_START.match(line):
-        raise StudyQueueError(
-            f'a line of the answer starts with "{block[0].strip()}", which the book would '
-            "render as a heading, list, quote, table or code block outside this topic: reword that line."
-        )
-    if _HTML_TAG.search(re.sub(r"`[^`]*`", "", line)):  # code spans show tags as text
-        raise StudyQueueError(
-            "the answer holds an HTML tag (<...), which the book would render as HTML: write it without "
-            "angle brackets, or put the code in `backticks`."
-        )
 
 
 def _render_why(text: str, eol: str) -> str:
@@ -162,8 +148,6 @@ def _render_why(text: str, eol: str) -> str:
             'the "Why here" text has a blank line: keep it to one paragraph '
             "(line breaks are fine, blank lines would end the field)."
         )
-    for line in paragraphs:
-        _refuse_markup(line.strip())
     first, *rest = (p.strip() for p in paragraphs)
     return "".join([f"- Why here: {first}{eol}", *(f"  {p}{eol}" for p in rest)])
 
@@ -185,7 +169,22 @@ def filled_text(text: str, name: str, why: str, *, force: bool = False) -> str:
     new = _render_why(why, eol)
     if fld.end == len(lines) and not lines[-1].endswith("\n"):
         new = new[: -len(eol)]  # the field was the last line, with no newline after it
-    return "".join(lines[: fld.start]) + new + "".join(lines[fld.end :])
+    filled = "".join(lines[: fld.start]) + new + "".join(lines[fld.end :])
+    reason = markup.refusal(filled, fld.start, fld.start + new.count("\n") + (not new.endswith("\n")))
+    if reason:
+        raise StudyQueueError(f'the "Why here" text was not saved: {reason}. Reword it, or put code in `backticks`.')
+    return filled
+
+
+def markup_problems(text: str) -> list[str]:
+    """One line for each filled "Why here" in ``text`` that the book would not show as plain text in
+    its field (a hand edit can put anything there; :func:`fill` refuses it before it is written)."""
+    problems = []
+    for topic in parse(text):
+        fld = topic.fields.get("Why here")
+        if topic.filled and fld is not None and (reason := markup.refusal(text, fld.start, fld.end)):
+            problems.append(f'"{topic.name}": the "Why here" answer cannot go on the page: {reason}')
+    return problems
 
 
 @contextlib.contextmanager
@@ -290,7 +289,7 @@ def check(path: Path | None = None) -> list[str]:
     """Problems with the queue's teaching anchors and the repository files its topics name; an
     empty list means every topic is anchored and every named file exists."""
     path = Path(path or default_path())
-    problems = []
+    problems = markup_problems(path.read_text(encoding="utf-8"))
     topics = load(path)
     names = [t.name for t in topics]
     for dup in sorted({n for n in names if names.count(n) > 1}):

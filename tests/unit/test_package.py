@@ -42,6 +42,25 @@ def test_missing_torch_names_the_command_that_installs_it():
     assert "ModuleNotFoundError" in result.stderr and "pip install 'posttrainllm[torch]'" in result.stderr
 
 
+def test_without_torch_other_code_can_still_ask_whether_torch_is_there():
+    probe = textwrap.dedent("""
+        import importlib.machinery, importlib.util
+        real = importlib.machinery.PathFinder.find_spec
+        def find_spec(name, path=None, target=None):  # as if torch were not installed
+            return None if name.split(".")[0] == "torch" else real(name, path, target)
+        importlib.machinery.PathFinder.find_spec = find_spec
+        import posttrainllm
+        assert importlib.util.find_spec("torch") is None
+        try:
+            import torch
+        except ModuleNotFoundError as err:
+            assert "pip install" not in str(err), err  # another library's own import: the usual error
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout == "ok\n", result.stderr
+
+
 def test_torch_imports_normally_when_installed():
     import torch
 

@@ -118,11 +118,32 @@ def test_models_are_float64_whatever_the_callers_default_and_the_default_is_rest
         assert {p.dtype for p in model.parameters()} == {torch.float64}
 
 
-def test_build_all_builds_each_model_and_reports_it(monkeypatch):
-    from posttrainllm import pretrained
+def test_build_all_builds_each_model_with_a_bar_and_says_what_is_left(monkeypatch, capsys):
+    import io
 
-    built = []
-    monkeypatch.setattr(pretrained, "NOTEBOOK_MODELS", {"a": lambda: built.append("a"), "b": lambda: built.append("b")})
-    reported = []
-    pretrained.build_all(lambda name, seconds: reported.append((name, seconds >= 0)))
-    assert built == ["a", "b"] and reported == [("a", True), ("b", True)]
+    from posttrainllm import progress
+    from posttrainllm.tools import models
+
+    built, out = [], io.StringIO()
+
+    def trains(name):
+        def build():
+            built.append((name, list(progress.steps(3))))  # a bar inside build_all, a range outside
+        return build
+
+    monkeypatch.setattr(models, "MODELS", {"a": trains("a"), "b": trains("b")})
+    monkeypatch.setattr(models, "measured", lambda: {"machine": "m", "seconds": {"a": 30.0, "b": 600.0}})
+    taken = models.build_all(out=out)
+    assert built == [("a", [0, 1, 2]), ("b", [0, 1, 2])] and list(taken) == ["a", "b"]
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[1/2] a: 30 s to train on m (up to 10 min for this and the rest")
+    assert lines[2].startswith("[2/2] b: 10 min to train on m (up to 10 min")
+    assert "b: 3/3" in capsys.readouterr().err  # the bar, named after the model
+    assert isinstance(progress.steps(3), range)
+
+
+def test_every_shared_model_has_a_measured_time():
+    from posttrainllm.tools import models
+
+    times = models.measured()
+    assert set(times["seconds"]) == set(models.MODELS) and all(s > 0 for s in times["seconds"].values())
