@@ -15,12 +15,25 @@ STRICT := --all -W -n --keep-going
 # Exact versions from constraints.txt (what CI tests); `make book CONSTRAINTS=` installs from
 # pyproject.toml's ranges instead, e.g. on a Python the pins have no wheels for.
 CONSTRAINTS ?= constraints.txt
-PIP_INSTALL = $(BIN)/python -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+# On Linux, PyPI's PyTorch wheel bundles CUDA (gigabytes a CPU machine never uses): take the CPU
+# build from PyTorch's own index, as Binder and CI do. `make install TORCH_INDEX=` keeps PyPI's.
+ifeq ($(shell uname -s),Linux)
+TORCH_INDEX ?= --extra-index-url https://download.pytorch.org/whl/cpu
+endif
+PIP_INSTALL = $(BIN)/python -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) $(TORCH_INDEX)
 
+# Everything: the reader's install and the book, test and WASM toolchains.
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
 	$(PIP_INSTALL) -e '.[torch,book,test,lab]'
+	touch $@ $(VENV)/.reader
+
+# A reader's install: what the ten notebooks import, and JupyterLab.
+$(VENV)/.reader: pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(VENV)
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) -e '.[torch,lab]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -75,6 +88,8 @@ else
 SECOND_PATH := ATEN_CPU_CAPABILITY=default OPENBLAS_NUM_THREADS=1
 endif
 SECOND_CACHE := _build/second-path-cache
+# each notebook's time under nbval, kept for the book's timing page, which a later pytest run builds
+NBVAL_TIMES := _build/reports/nbval-times.json
 SECOND_PATH_NOTEBOOKS := $(wildcard notebooks/[0-9][0-9]-*.ipynb)
 
 # the stored outputs are CPU outputs: a reader's POSTTRAINLLM_DEVICE=auto must not move the tests to a GPU
@@ -83,18 +98,23 @@ test: install vendor
 	$(BIN)/ruff check .
 	# the shared models first, so the notebooks' timings are a reader's second run, not the one-off training
 	$(BIN)/posttrainllm models
-	$(BIN)/python -m pytest tests/unit tests/wasm notebooks tests/book $(NBVAL)
+	rm -f $(NBVAL_TIMES)
+	POSTTRAINLLM_NBVAL_TIMES=$(abspath $(NBVAL_TIMES)) $(BIN)/python -m pytest tests/unit tests/wasm notebooks $(NBVAL)
 	# the notebooks again on the second code path, their models trained afresh in a cache of their own
 	rm -rf $(SECOND_CACHE)
 	$(SECOND_PATH) POSTTRAINLLM_CACHE=$(abspath $(SECOND_CACHE)) $(BIN)/python -m pytest $(SECOND_PATH_NOTEBOOKS) \
 	  $(NBVAL) -p no:cacheprovider
+	# the book, as a first `make book` builds it: from a cache that holds no model of an earlier run (the
+	# one this run's second path trained), so the build trains the reference shelf's models itself
+	POSTTRAINLLM_CACHE=$(abspath $(SECOND_CACHE)) POSTTRAINLLM_NBVAL_TIMES=$(abspath $(NBVAL_TIMES)) \
+	  $(BIN)/python -m pytest tests/book
 	# the WGSL kernels on both CPU Vulkan drivers: a process picks its driver once, so twice
 	POSTTRAINLLM_VK_DRIVER=lavapipe $(BIN)/python -m pytest tests/webgpu
 	POSTTRAINLLM_VK_DRIVER=swiftshader $(BIN)/python -m pytest tests/webgpu
 
 # --- for learners and maintainers ----------------------------------------------------------
-lab: install
-	$(BIN)/python -m ipykernel install --user --name posttrainllm --display-name "Python (posttrainllm)"
+# JupyterLab from the reader's install; its own kernel runs the notebooks (no user-wide kernel is registered).
+lab: $(VENV)/.reader
 	$(BIN)/jupyter lab notebooks/
 
 # Rebuild the WASM trainer (posttrainllm/assets/wasm/*.cpp -> posttrainllm/assets/wasm/dist) with Emscripten, after changing its source.

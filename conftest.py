@@ -5,7 +5,11 @@ start-up falls in the first cell's setup. Summing every phase gives the notebook
 which ``tests/book/test_budgets.py`` checks and reports.
 """
 
+import json
+import os
+import tempfile
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +25,28 @@ def pytest_runtest_logreport(report):
             NOTEBOOK_FAILED.add(path)
 
 
+def pytest_configure(config):
+    """No test, notebook kernel or book build of this run reads or writes the reader's own study
+    answers: they all get an answers file of the run's own, empty at the start."""
+    os.environ["POSTTRAINLLM_STUDY_ANSWERS"] = str(Path(tempfile.mkdtemp(prefix="study-answers-")) / "answers.json")
+
+
+def pytest_sessionfinish(session):
+    """With ``POSTTRAINLLM_NBVAL_TIMES`` set, keep this session's notebook times in that file for a
+    later session (``make test`` builds the book in one of its own)."""
+    path = os.environ.get("POSTTRAINLLM_NBVAL_TIMES")
+    if path and NOTEBOOK_TIMES:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps({"seconds": NOTEBOOK_TIMES, "failed": sorted(NOTEBOOK_FAILED)}),
+                              encoding="utf-8")
+
+
 @pytest.fixture(scope="session")
 def nbval_times():
-    """Seconds each notebook took under nbval in this session, and which ones failed."""
+    """Seconds each notebook took under nbval, and which ones failed: in this session, or in the
+    earlier one that wrote ``POSTTRAINLLM_NBVAL_TIMES``."""
+    path = os.environ.get("POSTTRAINLLM_NBVAL_TIMES")
+    if not NOTEBOOK_TIMES and path and Path(path).is_file():
+        kept = json.loads(Path(path).read_text(encoding="utf-8"))
+        return kept["seconds"], set(kept["failed"])
     return NOTEBOOK_TIMES, NOTEBOOK_FAILED

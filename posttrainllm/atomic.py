@@ -17,8 +17,9 @@ from pathlib import Path
 @contextlib.contextmanager
 def replacing(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` to write; when the block ends without an error, the
-    file is synced and moved over ``path``. On an error it is removed and ``path`` is untouched."""
-    path = Path(path)
+    file is synced and moved over ``path``. On an error it is removed and ``path`` is untouched.
+    A symbolic link is written through: its target gets the new content and the link stays."""
+    path = Path(os.path.realpath(path))
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     tmp = Path(name)
@@ -31,6 +32,23 @@ def replacing(path: str | Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def locked(path: str | Path) -> Iterator[None]:
+    """An exclusive lock on a sidecar file beside ``path`` for the block, so that two processes that
+    read, change and replace ``path`` never lose each other's change."""
+    path = Path(path)
+    with open(path.with_name(f".{path.name}.lock"), "a+b") as handle:
+        try:
+            import fcntl
+
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except ImportError:  # Windows
+            import msvcrt
+
+            msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)
+        yield  # released when the handle closes
 
 
 def _mode(path: Path) -> int:

@@ -185,7 +185,13 @@ class GPU:
     """One WebGPU adapter and device, with compiled pipelines cached by (file, params)."""
 
     def __init__(self) -> None:
-        import wgpu
+        try:
+            import wgpu
+        except ModuleNotFoundError as err:
+            if err.name != "wgpu":
+                raise
+            raise ModuleNotFoundError("running the book's WGSL kernels from Python needs wgpu-py: "
+                                      "pip install 'posttrainllm[webgpu]'", name="wgpu") from None
 
         self.wgpu = wgpu
         adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")

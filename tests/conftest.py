@@ -24,6 +24,12 @@ def chromium_path() -> str | None:
     return os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.fixture(autouse=True)
+def own_answers_file(tmp_path_factory, monkeypatch):
+    """Each test starts with an empty study-answers file of its own."""
+    monkeypatch.setenv("POSTTRAINLLM_STUDY_ANSWERS", str(tmp_path_factory.mktemp("answers") / "answers.json"))
+
+
 @pytest.fixture
 def queue_copy(tmp_path):
     """A private copy of the real study queue with every answer reset to TBD.
@@ -41,15 +47,16 @@ def queue_copy(tmp_path):
     return dest
 
 
-def fresh_venv(path: Path) -> Path:
+def fresh_venv(path: Path, borrow: list[Path] | None = None) -> Path:
     """A new virtual environment at ``path`` without posttrainllm, whose third-party packages
     (numpy, torch, pip, setuptools …) are borrowed from this one through a ``.pth`` line, because
-    the tests run offline. Returns its python."""
+    the tests run offline; ``borrow`` names the folders to borrow instead. Returns its python."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
     python = path / "bin" / "python"
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
-    (Path(site) / "zz_borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    folders = borrow if borrow is not None else [sysconfig.get_paths()["purelib"]]
+    (Path(site) / "zz_borrowed_dependencies.pth").write_text("".join(f"{f}\n" for f in folders))
     return python
 
 

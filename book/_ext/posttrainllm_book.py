@@ -25,7 +25,7 @@ from pathlib import Path
 import lite_site
 from docutils import nodes
 
-from posttrainllm.tools import coverage, lite, study
+from posttrainllm.tools import answers, coverage, lite, study
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMES = ROOT / "_build" / "reports" / "notebook-times.json"
@@ -42,9 +42,14 @@ def _links(topic: study.Topic) -> str:
 
 
 def study_queue_page(text: str) -> str:
+    """The queue with the reader's own answers (a reader's build shows theirs; CI's has none)."""
     problems = study.markup_problems(text)
     if problems:  # a hand edit: the page would run or show markup the reader did not mean as text
         raise ValueError("book/study-queue.md: " + "; ".join(problems) + " (`posttrainllm study check` lists these)")
+    try:
+        text = study.with_answers(text, answers.load())
+    except study.StudyQueueError as err:
+        raise ValueError(f"your study answers ({answers.path()}) cannot go on the page: {err}") from None
     topics = study.parse(text)
     lines = text.splitlines(keepends=True)
     for topic in reversed(topics):  # insert bottom-up so earlier line numbers stay valid

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import posttrainllm
-from posttrainllm.tools import coverage, study
+from posttrainllm import atomic
+from posttrainllm.tools import answers, coverage, study
 
 DESCRIPTION = "The posttrainllm book's command line: the study queue, the coverage map and the shared models."
 # the extra that installs a missing module, for the one-line error a command gives without it
@@ -18,20 +19,29 @@ EXTRAS = {"torch": "torch"}
 
 
 def _status(args: argparse.Namespace) -> int:
+    adopted = [] if args.file else study.adopt_clone_answers()
     topics = study.load(args.file)
     filled = sum(t.filled for t in topics)
-    print(f"{filled} of {len(topics)} topics have a 'Why here' ({len(topics) - filled} TBD)\n")
+    print(f"{filled} of {len(topics)} topics have a 'Why here' ({len(topics) - filled} TBD); "
+          f"your answers: {study.where(args.file)}\n")
+    if adopted:
+        print(f"copied {len(adopted)} answers from this clone's book/study-queue.md into your answers file "
+              "(the clone's file is unchanged; `git checkout book/study-queue.md` clears them there)\n")
     for topic in topics:
         mark = "filled" if topic.filled else "TBD   "
         print(f"[{mark}] {topic.name}")
         for label, target in topic.taught_in:
             print(f"           taught in: {label} -> {target}")
+    if not args.file and (lost := study.orphans()):
+        print("\nyour answers file also has answers for topics the queue no longer has: " + ", ".join(lost))
     return 0
 
 
 def _fill(args: argparse.Namespace) -> int:
+    if not args.file:
+        study.adopt_clone_answers()  # so an earlier answer in the clone's file counts for --force
     topic = study.fill(args.topic, args.text, force=args.force, path=args.file)
-    print(f'saved "Why here" for "{topic.name}" in {args.file or study.default_path()}')
+    print(f'saved "Why here" for "{topic.name}" in {study.where(args.file)}')
     return 0
 
 
@@ -40,8 +50,24 @@ def _check(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"study queue: {problem}", file=sys.stderr)
     if not problems:
-        print(f"study queue OK: every topic has a teaching anchor that exists ({args.file or study.default_path()})")
+        print(f"study queue OK: every topic has a teaching anchor that exists ({args.file or study.queue_path()})")
     return 1 if problems else 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    markdown = study.export(args.file)
+    if args.to is None:
+        sys.stdout.write(markdown)
+    else:
+        atomic.write_text(args.to, markdown)
+        print(f"wrote the queue with your answers to {args.to}", file=sys.stderr)
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    copied = study.import_answers(args.source, force=args.force)
+    print(f"imported {len(copied)} answers from {args.source} into {study.where()}")
+    return 0
 
 
 def _coverage(args: argparse.Namespace) -> int:
@@ -69,8 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrainllm", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"posttrainllm {posttrainllm.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    st = sub.add_parser("study", help="the study queue (book/study-queue.md)")
-    st.add_argument("--file", type=Path, default=None, help="another study-queue file")
+    st = sub.add_parser("study", help="the study queue and your answers")
+    st.add_argument("--file", type=Path, default=None,
+                    help="keep answers in this Markdown queue (e.g. your fork's book/study-queue.md) instead")
     st_sub = st.add_subparsers(dest="action", required=True)
     st_sub.add_parser("status", help="topics, filled vs TBD, and where each is taught").set_defaults(
         run=_status
@@ -83,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     st_sub.add_parser("check", help="fail if a topic's teaching anchor is missing or broken").set_defaults(
         run=_check
     )
+    exp = st_sub.add_parser("export", help="the queue with your answers, as Markdown (to keep, or for a fork)")
+    exp.add_argument("--to", type=Path, default=None, help="write it to this file (default: print it)")
+    exp.set_defaults(run=_export)
+    imp = st_sub.add_parser("import", help="copy the answers of a Markdown queue into your answers file")
+    imp.add_argument("source", type=Path, help="a study-queue.md with answers, e.g. one `study export` wrote")
+    imp.add_argument("--force", action="store_true", help="replace answers you saved before")
+    imp.set_defaults(run=_import)
     cov = sub.add_parser("coverage", help="which notebook section teaches each module")
     cov.add_argument("--root", type=Path, default=None, help="a clone of the book (default: the one you are in)")
     cov.set_defaults(run=_coverage)
@@ -109,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: `posttrainllm {args.command}` needs {err.name}, which is not installed: "
               f"pip install 'posttrainllm[{extra}]'", file=sys.stderr)
         return 2
-    except (study.StudyQueueError, OSError, UnicodeDecodeError) as err:
+    except (study.StudyQueueError, answers.AnswersError, OSError, UnicodeDecodeError) as err:
         print(f"error: {_reason(err)}", file=sys.stderr)
         return 2
 

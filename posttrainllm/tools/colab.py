@@ -23,8 +23,8 @@ TAG = "install-if-missing"
 TAGS = [TAG, "remove-cell"]
 
 _CELL = """\
-# On Colab, or any machine without the book: fetch it and install its package (Colab has
-# PyTorch already). Where posttrainllm is installed (a clone after `make lab`), this does nothing.
+# On Colab, or any machine without the book: fetch it and install its package with what the
+# notebooks need (Colab has PyTorch already). Where posttrainllm is installed, this does nothing.
 import importlib.util
 import os
 import subprocess
@@ -34,7 +34,7 @@ if importlib.util.find_spec("posttrainllm") is None:
     repository, book = "REPOSITORY", os.path.expanduser("~/posttrainllm")
     if not os.path.isdir(book):
         subprocess.run(["git", "clone", "--quiet", "--depth=1", repository, book], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-e", book], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "-e", book + "[torch]"], check=True)
     sys.path.insert(0, book)
     os.chdir(os.path.join(book, "notebooks"))  # where the notebooks' relative paths start"""
 

@@ -1,6 +1,6 @@
-"""The study queue: ``book/study-queue.md``, read, filled and checked without losing a byte.
+"""The study queue: its topics, the reader's answers, and the one parser and writer for both.
 
-The file stays hand-editable markdown in the seed's format::
+The topics are ``book/study-queue.md``, hand-editable Markdown in the seed's format::
 
     ## Online softmax
     - What: single-pass softmax that carries a running max and denominator.
@@ -8,26 +8,31 @@ The file stays hand-editable markdown in the seed's format::
     - Source: https://arxiv.org/abs/1805.02867
     - Taught in: [Module 7 § Online softmax](../notebooks/07-attention.ipynb#online-softmax)
 
-Everything else (the CLI, the notebook study cards, the book page) goes through this module,
-so there is one parser and one writer. ``fill`` rewrites only the lines of one topic's
-"Why here" field: every other byte of the file is kept as it was.
-"""
+A reader's answers are kept apart from it, in their own answers file (:mod:`posttrainllm.tools.answers`),
+and shown in place of "TBD" wherever the queue is shown: ``posttrainllm study status``, the
+notebooks' study cards, the reader's own build of the book. A reader who wants them in a Markdown
+queue instead (their fork's ``book/study-queue.md``) names it (``--file``, ``path=``,
+``POSTTRAINLLM_STUDY_QUEUE``), and ``fill`` then rewrites only the lines of one topic's "Why here"
+field in that file: every other byte is kept as it was. ``export`` and ``import_answers`` move
+answers between the two.
 
+Outside a clone of the book (a pip install, Colab), the topics come from the copy of the queue
+that the package's wheel carries.
+"""
 from __future__ import annotations
 
-import contextlib
 import difflib
 import functools
 import json
 import os
 import re
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from posttrainllm import atomic
-from posttrainllm.tools import markup
+from posttrainllm.tools import answers, markup
 from posttrainllm.tools.checkout import repo_root
 
 UNFILLED = {"", "TBD"}
@@ -71,18 +76,30 @@ class Topic:
         return [(m["label"], m["target"]) for m in _LINK.finditer(self.get("Taught in"))]
 
 
-def default_path() -> Path:
-    """The study queue this checkout's book renders (``POSTTRAINLLM_STUDY_QUEUE`` overrides)."""
+def named_queue() -> Path | None:
+    """The Markdown queue the reader asked to keep answers in (``POSTTRAINLLM_STUDY_QUEUE``), if any."""
     env = os.environ.get("POSTTRAINLLM_STUDY_QUEUE")
-    if env:
-        return Path(env)
+    return Path(env) if env else None
+
+
+def queue_path() -> Path:
+    """The queue's topics: this clone's ``book/study-queue.md``, else the copy a wheel carries."""
     try:
         return repo_root() / "book" / "study-queue.md"
     except FileNotFoundError:
+        packaged = Path(str(resources.files("posttrainllm.assets").joinpath("study-queue.md")))
+        if packaged.is_file():
+            return packaged
         raise StudyQueueError(
             "no study queue here: run inside a clone of the book, or name the file "
             "(posttrainllm study --file path/to/study-queue.md …, or POSTTRAINLLM_STUDY_QUEUE)"
         ) from None
+
+
+def where(path: Path | None = None) -> str:
+    """Where answers go: the named Markdown queue, or the reader's answers file."""
+    named = path or named_queue()
+    return str(named) if named else str(answers.path())
 
 
 def parse(text: str) -> list[Topic]:
@@ -116,7 +133,38 @@ def parse(text: str) -> list[Topic]:
 
 
 def load(path: Path | None = None) -> list[Topic]:
-    return parse(Path(path or default_path()).read_text(encoding="utf-8"))
+    """The topics, with the reader's answers: those of the Markdown queue ``path`` (or
+    ``POSTTRAINLLM_STUDY_QUEUE``); by default, the book's queue with the answers file's answers."""
+    return parse(text(path))
+
+
+def text(path: Path | None = None) -> str:
+    """The queue as Markdown with the reader's answers in it (see :func:`load`)."""
+    named = path or named_queue()
+    if named:
+        return _read(Path(named))
+    return with_answers(_read(queue_path()), answers.load())
+
+
+def _read(path: Path) -> str:
+    with open(path, encoding="utf-8", newline="") as handle:  # newline="" keeps \r\n files as they are
+        return handle.read()
+
+
+def with_answers(queue: str, answered: dict[str, str]) -> str:
+    """``queue`` with each answer of ``answered`` in its topic's "Why here" (answers for topics the
+    queue does not have are left out: :func:`orphans` names them)."""
+    names = {t.name for t in parse(queue)}
+    for name, why in answered.items():
+        if name in names and why.strip() not in UNFILLED:
+            queue = filled_text(queue, name, why, force=True)
+    return queue
+
+
+def orphans(path: Path | None = None) -> list[str]:
+    """Topics in the reader's answers file that the queue no longer has (renamed or removed)."""
+    names = {t.name for t in parse(_read(queue_path()))}
+    return sorted(set(answers.load()) - names)
 
 
 def find(topics: list[Topic], name: str) -> Topic:
@@ -187,22 +235,6 @@ def markup_problems(text: str) -> list[str]:
     return problems
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on a sidecar file, so concurrent fills never lose each other's work."""
-    lock_path = path.with_name(f".{path.name}.lock")
-    with open(lock_path, "a+b") as handle:
-        try:
-            import fcntl
-
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        except ImportError:  # Windows
-            import msvcrt
-
-            msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)
-        yield  # the lock is released when the handle closes
-
-
 def _write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` atomically, keeping its mode, owner and group."""
     with atomic.replacing(path) as tmp:
@@ -220,18 +252,82 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def fill(name: str, why: str, *, force: bool = False, path: Path | None = None) -> Topic:
-    """Write topic ``name``'s "Why here" into the study queue file and return the updated topic."""
-    path = Path(path or default_path())
+    """Save topic ``name``'s "Why here" in the reader's answers file, or in the Markdown queue
+    ``path`` (or ``POSTTRAINLLM_STUDY_QUEUE``); return the updated topic."""
+    named = path or named_queue()
+    if named:
+        return _fill_file(Path(named), name, why, force)
+    queue = _read(queue_path())
+    with answers.updating() as answered:
+        new = filled_text(with_answers(queue, answered), name, why, force=force)  # checks name, force, markup
+        topic = find(parse(new), name)
+        answered[topic.name] = why.strip()
+    return topic
+
+
+def _fill_file(path: Path, name: str, why: str, force: bool) -> Topic:
     if path.is_file() and not path.stat().st_mode & stat.S_IWUSR:
         raise StudyQueueError(f"{path} is read-only (its mode is {stat.filemode(path.stat().st_mode)}): "
                               "make it writable first if you mean to fill it")
-    with _locked(path):
-        # newline="" keeps \r\n files as they are; reading inside the lock sees every earlier fill
-        with open(path, encoding="utf-8", newline="") as handle:
-            text = handle.read()
-        new = filled_text(text, name, why, force=force)
+    with atomic.locked(path):
+        new = filled_text(_read(path), name, why, force=force)  # read inside the lock: sees every earlier fill
         _write_atomic(path, new.encode("utf-8"))
     return find(parse(new), name)
+
+
+def export(path: Path | None = None) -> str:
+    """The queue with the reader's answers, as Markdown to keep or to put in a fork's ``book/``."""
+    return text(path)
+
+
+def import_answers(source: Path, *, force: bool = False) -> list[str]:
+    """Copy the answers filled in the Markdown queue ``source`` into the reader's answers file;
+    return the topics copied. A different answer already saved is kept unless ``force``."""
+    given = _answers_in(_read(Path(source)))
+    queue = _read(queue_path())
+    unknown = sorted(set(given) - {t.name for t in parse(queue)})
+    if unknown:
+        raise StudyQueueError(f"{source} has answers for topics the queue does not have: "
+                              + ", ".join(f'"{n}"' for n in unknown) + ". Nothing was imported.")
+    with answers.updating() as answered:
+        differ = sorted(n for n, why in given.items()
+                        if answered.get(n, "TBD").strip() not in UNFILLED and answered[n].split() != why.split())
+        if differ and not force:
+            raise StudyQueueError("your answers file already has other answers for "
+                                  + ", ".join(f'"{n}"' for n in differ)
+                                  + ". Nothing was imported; pass --force to replace them with the file's.")
+        with_answers(queue, given)  # refuses markup the page could not show, before anything is saved
+        copied = sorted(n for n, why in given.items() if answered.get(n, "").split() != why.split())
+        answered.update({n: given[n] for n in copied})
+    return copied
+
+
+def _answers_in(queue: str) -> dict[str, str]:
+    """The filled answers of a Markdown queue, with their line breaks (``why_here`` joins them)."""
+    lines = queue.splitlines()
+    found = {}
+    for topic in parse(queue):
+        if topic.filled:
+            fld = topic.fields["Why here"]
+            first = _FIELD.match(lines[fld.start] + "\n")["value"].strip()
+            found[topic.name] = "\n".join([first, *(line.strip() for line in lines[fld.start + 1 : fld.end])])
+    return found
+
+
+def adopt_clone_answers() -> list[str]:
+    """Answers a clone's ``book/study-queue.md`` holds from before the answers file existed, copied
+    into it for the topics it has no answer for; the clone's file is left as it is."""
+    try:
+        queue = repo_root() / "book" / "study-queue.md"
+    except FileNotFoundError:
+        return []
+    held = _answers_in(_read(queue))
+    if not held or named_queue():
+        return []
+    with answers.updating() as answered:
+        new = sorted(set(held) - set(answered))
+        answered.update({n: held[n] for n in new})
+    return new
 
 
 # --- checking the teaching anchors ------------------------------------------------------------
@@ -288,9 +384,10 @@ _REPO_FILE = re.compile(r"`((?:webgpu|wasm|posttrainllm|notebooks|book|benchmark
 def check(path: Path | None = None) -> list[str]:
     """Problems with the queue's teaching anchors and the repository files its topics name; an
     empty list means every topic is anchored and every named file exists."""
-    path = Path(path or default_path())
-    problems = markup_problems(path.read_text(encoding="utf-8"))
-    topics = load(path)
+    shown = text(path)
+    path = Path(path or named_queue() or queue_path())  # its links are relative to its folder
+    problems = markup_problems(shown)
+    topics = parse(shown)
     names = [t.name for t in topics]
     for dup in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f'"{dup}": the topic appears more than once')
@@ -332,8 +429,10 @@ def card(name: str, path: Path | None = None):
 
     import ipywidgets as widgets
 
-    path = Path(path or default_path())
-    topic = find(load(path), name)
+    try:
+        topic, trouble = find(load(path), name), ""
+    except answers.AnswersError as err:  # the card still shows the topic; saving stays refused
+        topic, trouble = find(parse(_read(queue_path())), name), str(err)
 
     def row(label: str, value: str) -> str:
         return f"<p><b>{label}:</b> {html.escape(value)}</p>" if value else ""
@@ -353,15 +452,15 @@ def card(name: str, path: Path | None = None):
     )
     force = widgets.Checkbox(value=False, description="replace my earlier answer", indent=False)
     save = widgets.Button(description="Save", button_style="primary", icon="save")
-    status = widgets.HTML()
+    status = widgets.HTML(f"<span style='color:#b00'>{html.escape(trouble)}</span>" if trouble else "")
 
     def on_save(_button) -> None:
         try:
             fill(topic.name, box.value, force=force.value, path=path)
-        except StudyQueueError as err:
+        except (StudyQueueError, answers.AnswersError) as err:
             status.value = f"<span style='color:#b00'>Not saved: {html.escape(str(err))}</span>"
         else:
-            status.value = f"Saved to {html.escape(str(path))}."
+            status.value = f"Saved to {html.escape(where(path))}."
 
     save.on_click(on_save)
     return _card_class()(topic.name, [info, box, widgets.HBox([save, force]), status])

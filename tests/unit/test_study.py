@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from posttrainllm.tools import study
 from posttrainllm.tools.cli import main
 
-ROOT_QUEUE = study.default_path()
+ROOT_QUEUE = study.queue_path()
 
 # The 19 topics of the seed study queue, under their exact names.
 SEED_TOPICS = [

@@ -118,13 +118,22 @@ def test_the_wasm_trainer_runs_under_node_from_the_wheel(installed):
     assert len(losses) == 3 and all(3.0 < x < 5.0 for x in losses), losses  # ln 64 = 4.16 at the start
 
 
-def test_study_and_coverage_outside_a_clone_say_what_they_need(installed, queue_copy):
+def test_study_and_coverage_outside_a_clone(installed, queue_copy, tmp_path):
+    """The wheel's copy of the queue serves the study cards and `study`; `coverage` needs a clone."""
     cli = installed[0].parent / "posttrainllm"
-    for args, needs in ((["study", "status"], "--file"), (["coverage"], "--root")):
-        result = _run(installed, cli, *args)
-        assert result.returncode == 2 and result.stderr.startswith("error: ") and needs in result.stderr, result
-        assert "Traceback" not in result.stderr
-    status = _run(installed, cli, "study", "--file", queue_copy, "status")
-    assert status.returncode == 0 and "topics have a 'Why here'" in status.stdout, status.stderr
-    cover = _run(installed, cli, "coverage", "--root", ROOT)
+    env = clean_env(POSTTRAINLLM_STUDY_ANSWERS=str(tmp_path / "answers.json"))
+    run = {"cwd": installed[1], "env": env, "capture_output": True, "text": True, "timeout": 600}
+    cover = subprocess.run([cli, "coverage"], **run)
+    assert cover.returncode == 2 and cover.stderr.startswith("error: ") and "--root" in cover.stderr, cover
+    assert "Traceback" not in cover.stderr
+    fill = subprocess.run([cli, "study", "fill", "Online softmax", "from a pip install"], **run)
+    assert fill.returncode == 0 and str(tmp_path / "answers.json") in fill.stdout, fill.stderr
+    status = subprocess.run([cli, "study", "status"], **run)
+    assert status.returncode == 0 and "1 of 19 topics have a 'Why here'" in status.stdout, status.stderr
+    card = subprocess.run([installed[0], "-c", "from posttrainllm.tools import study\n"
+                           "print(study.card('Online softmax').children[1].value)"], **run)
+    assert card.returncode == 0 and card.stdout == "from a pip install\n", card.stderr
+    named = subprocess.run([cli, "study", "--file", queue_copy, "status"], **run)
+    assert named.returncode == 0 and "0 of 19 topics" in named.stdout, named.stderr
+    cover = subprocess.run([cli, "coverage", "--root", ROOT], **run)
     assert cover.returncode == 0 and "posttrainllm/assets/webgpu/matmul_tiled.wgsl" in cover.stdout, cover.stderr
