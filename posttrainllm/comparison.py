@@ -23,6 +23,8 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     default ``z``)."""
     if n <= 0 or not 0 <= successes <= n:
         raise ValueError(f"need 0 <= successes <= n and n > 0, got successes={successes}, n={n}")
+    if not (isinstance(z, int | float) and 0 < z < math.inf):
+        raise ValueError(f"z is a positive, finite number of standard deviations (1.96 for 95%), got {z!r}")
     p, z2 = successes / n, z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
@@ -49,14 +51,29 @@ def mcnemar_p(a, b) -> float:
     discordant questions at least as uneven as the one observed."""
     a, b = _paired(a, b)
     only_a, only_b = int((a & ~b).sum()), int((~a & b).sum())
-    n = only_a + only_b
-    tail = sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1))
-    return min(1.0, 2 * tail / 2**n) if n else 1.0
+    n, k = only_a + only_b, min(only_a, only_b)
+    return min(1.0, 2 * _binomial_tail(n, k)) if n else 1.0
+
+
+def _binomial_tail(n: int, k: int) -> float:
+    """P(X <= k) for X ~ Binomial(n, 1/2) with k <= n/2, in O(k) float steps: the terms grow up to
+    i = k, so sum them downwards relative to the largest, from its logarithm (2**-n underflows
+    past n = 1074; exact integers made this quadratic)."""
+    log_top = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) - n * math.log(2)
+    total, term = 0.0, 1.0
+    for i in range(k, -1, -1):
+        total += term
+        term *= i / (n - i + 1)  # C(n, i-1) / C(n, i)
+        if term < 1e-17 * total:
+            break
+    return math.exp(log_top + math.log(total))
 
 
 def improved(new, old, alpha: float = 0.05) -> bool:
     """Whether ``new`` answers more of the same questions right than ``old`` *and* the exact
     McNemar test rejects "equally good" at level ``alpha``."""
+    if not (isinstance(alpha, int | float) and 0 < alpha < 1):
+        raise ValueError(f"alpha is a significance level between 0 and 1 (0.05 is usual), got {alpha!r}")
     a, b = _paired(new, old)
     return bool(a.sum() > b.sum() and mcnemar_p(a, b) < alpha)
 

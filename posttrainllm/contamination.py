@@ -20,5 +20,7 @@ def ngrams(text: str, n: int) -> set[tuple[str, ...]]:
 
 def dirty(items: list[str], corpus: list[str], n: int = 13) -> list[bool]:
     """For each of ``items``, whether it shares an ``n``-gram with any text of ``corpus``."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n is the length of the shared word runs that count, a positive integer; got {n!r}")
     seen = set().union(*(ngrams(text, n) for text in corpus)) if corpus else set()
     return [bool(ngrams(item, n) & seen) for item in items]

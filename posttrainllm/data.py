@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import tempfile
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -228,6 +229,27 @@ def corpus(n_chars: int = 2_000_000, seed: int = 0, register: str = "plain") -> 
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("POSTTRAINLLM_CACHE", Path.home() / ".cache" / "posttrainllm"))
+
+
+class CacheNotWritable(OSError):
+    """The model cache cannot keep a model: said before minutes of training, not after."""
+
+
+def model_cache(cache_dir: Path | None = None) -> Path:
+    """The folder trained models are kept in (``cache_dir``, else ``POSTTRAINLLM_CACHE``, else
+    ``~/.cache/posttrainllm``), made if missing and checked writable: called before a model trains
+    (reading cached models needs no write access, so a shared read-only cache works)."""
+    cache = Path(cache_dir or default_cache_dir())
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=cache):
+            pass
+    except OSError as err:
+        raise CacheNotWritable(
+            f"the model cache {cache} cannot be written ({err.strerror or err}), so a model trained now "
+            "would be lost: set POSTTRAINLLM_CACHE to a folder you can write"
+        ) from None
+    return cache
 
 
 def load_text(url: str, cache_dir: Path | None = None, timeout: float = 30.0) -> str:

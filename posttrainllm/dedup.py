@@ -23,8 +23,9 @@ _PRIME = 4_294_967_311  # the first prime above 2**32: (a * x + b) mod p fits in
 
 
 def normalise(text: str) -> str:
-    """Lower case, letters and digits only, single spaces."""
-    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+    """Case-folded, letters and digits only (of any script: Cyrillic, Greek and Han text keep their
+    words), single spaces."""
+    return " ".join(re.findall(r"[^\W_]+", text.casefold()))
 
 
 def exact_duplicates(texts: list[str]) -> list[int]:

@@ -39,11 +39,14 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
+import re
 import sys
 import time
 import tomllib
+import typing
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
@@ -53,6 +56,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from posttrainllm import atomic
 from posttrainllm.device import ENV, resolve_device
 from posttrainllm.model import GPT, GPTConfig
 from posttrainllm.optim import AdamW, clip_grad_norm, set_lr, warmup_cosine
@@ -87,12 +91,51 @@ class PretrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        _check_fields(PretrainConfig, vars(self))
+        _check_fields(GPTConfig, vars(self.model), "model.")
         if self.parallel not in ("ddp", "fsdp"):
             raise ValueError(f"parallel must be 'ddp' or 'fsdp', got {self.parallel!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {self.precision!r}")
-        if min(self.micro_batch, self.grad_accum, self.steps) < 1:
-            raise ValueError("micro_batch, grad_accum and steps must each be at least 1")
+        for key in ("lr", "min_lr", "weight_decay", "max_grad_norm"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value >= 0) or (key == "lr" and value == 0):
+                raise ValueError(f"{key} must be a finite number{' above' if key == 'lr' else ', at least'} 0, "
+                                 f"got {value}" + (" (0 turns clipping off)" if key == "max_grad_norm" else ""))
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr={self.min_lr} is above lr={self.lr}: the schedule decays from lr down to min_lr")
+        if not self.out:
+            raise ValueError("out must name the run's folder")
+
+
+# the least value of each whole-number setting
+FLOORS = {"micro_batch": 1, "grad_accum": 1, "steps": 1, "warmup": 0, "save_every": 0, "stop_after": 0, "seed": 0,
+          "model.vocab_size": 1, "model.block_size": 1, "model.n_layer": 1, "model.n_head": 1, "model.n_embd": 1,
+          "model.n_kv_head": 1, "model.window": 1, "model.seed": 0}
+
+
+def _check_fields(cls: type, values: dict, prefix: str = "") -> None:
+    """Each given field holds its declared type and is at least its floor: TOML's ``"false"`` (a
+    string) or ``1.5`` for a step count would otherwise switch a setting on or fail deep in the run."""
+    names = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+    for name, hint in typing.get_type_hints(cls).items():
+        if name not in values or hint is GPTConfig:
+            continue
+        value, kinds = values[name], typing.get_args(hint) or (hint,)
+        if not any(_is(value, kind) for kind in kinds):
+            wanted = " or ".join(names.get(k, "nothing" if k is type(None) else k.__name__) for k in kinds)
+            raise ValueError(f"{prefix}{name} must be {wanted}, got {value!r}")
+        floor = FLOORS.get(prefix + name)
+        if floor is not None and value is not None and value < floor:
+            raise ValueError(f"{prefix}{name} must be at least {floor}, got {value}")
+
+
+def _is(value, kind: type) -> bool:
+    if isinstance(value, bool) or kind is bool:  # bool is an int to Python, not to a config
+        return type(value) is kind
+    if kind is float:
+        return isinstance(value, int | float)  # 1 is a fine learning-rate floor
+    return value is None if kind is type(None) else isinstance(value, kind)
 
 
 def load_config(name: str, overrides: list[str] = ()) -> PretrainConfig:
@@ -129,6 +172,7 @@ def from_dict(raw: dict) -> PretrainConfig:
         unknown = sorted(set(given) - {f.name for f in fields(allowed)})
         if unknown:
             raise ValueError(f"unknown {allowed.__name__} keys {unknown}")
+    _check_fields(GPTConfig, model, "model.")  # before GPTConfig's own checks divide by n_head
     return PretrainConfig(model=GPTConfig(**model), **raw)
 
 
@@ -303,9 +347,12 @@ def save(directory: Path, model: GPT, optimizer: torch.optim.Optimizer, step: in
 
 
 def latest(out: Path) -> Path | None:
-    """The newest complete checkpoint under ``out`` (one whose ``state.pt`` was written), if any."""
-    done = sorted(p.parent for p in out.glob("step-*/state.pt"))
-    return done[-1] if done else None
+    """The newest complete checkpoint under ``out`` (one whose ``state.pt`` was written), if any:
+    the highest step number, compared as a number (``step-1000000`` after ``step-999999``); a
+    folder whose name is not ``step-`` and digits is not a checkpoint of this trainer."""
+    done = [(int(m[1]), p.parent) for p in out.glob("step-*/state.pt")
+            if (m := re.fullmatch(r"step-([0-9]+)", p.parent.name))]
+    return max(done)[1] if done else None
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -378,12 +425,28 @@ def _log(out: Path, step: int, record: dict | None = None) -> None:
     """``log.jsonl``: one line per step; on resume, lines past the checkpoint's step are dropped."""
     path = out / "log.jsonl"
     if record is None:
-        kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step] \
-            if path.exists() else []
-        path.write_text("".join(line + "\n" for line in kept))
+        kept = [line for line in _log_lines(path) if json.loads(line)["step"] <= step]
+        atomic.write_text(path, "".join(line + "\n" for line in kept))
         return
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def _log_lines(path: Path) -> list[str]:
+    """The whole lines of ``log.jsonl``; a torn or blank line (what a crash during an append
+    leaves) is dropped with a warning, since the checkpoint, not the log, is what resumes."""
+    if not path.exists():
+        return []
+    lines = []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        try:
+            if isinstance(json.loads(line).get("step"), int):
+                lines.append(line)
+                continue
+        except (json.JSONDecodeError, AttributeError):
+            pass
+        warnings.warn(f"{path}: line {number} is not a whole log record ({line[:40]!r}); dropped", stacklevel=2)
+    return lines
 
 
 def run(config: PretrainConfig) -> list[float]:
@@ -478,7 +541,7 @@ def launch(out: str | Path, overrides: list[str], processes: int = 1, config: st
                           env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
     if done.returncode:
         raise RuntimeError(f"the trainer failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return [json.loads(line)["loss"] for line in (Path(out) / "log.jsonl").read_text().splitlines()]
+    return [json.loads(line)["loss"] for line in _log_lines(Path(out) / "log.jsonl")]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,7 +89,6 @@ def _build(recipe: Recipe) -> tuple[GPT, Tokenizer]:
 def base_model(recipe: Recipe = Recipe(), cache_dir: Path | None = None) -> tuple[GPT, Tokenizer]:
     """The base GPT and its tokenizer for ``recipe``, trained once and then read from the cache."""
     cache = Path(cache_dir or data.default_cache_dir())
-    cache.mkdir(parents=True, exist_ok=True)
     weights, vocab = cache / f"base-{recipe.key}.pt", cache / f"base-{recipe.key}.bpe"
     if weights.is_file() and vocab.is_file():
         try:
@@ -98,6 +97,7 @@ def base_model(recipe: Recipe = Recipe(), cache_dir: Path | None = None) -> tupl
             return model, tokenizer
         except ValueError:
             pass  # a damaged cache file: rebuild it below rather than trust it
+    data.model_cache(cache)  # writable, or say so now rather than after the training
     model, tokenizer = _build(recipe)
     tokenizer.save(vocab)
     save_checkpoint(model, weights)

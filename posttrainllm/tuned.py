@@ -27,7 +27,6 @@ def _tuned(name: str, skeleton: Callable[[], GPT], fit: Callable[[GPT], dict], c
     """``skeleton()`` makes the untrained model (base weights, adapters injected); ``fit`` trains it in
     place and returns its history. Both are cached together; a damaged file is rebuilt."""
     cache = Path(cache_dir or data.default_cache_dir())
-    cache.mkdir(parents=True, exist_ok=True)
     path = cache / f"tuned-{name}-v{TUNE_VERSION}.pt"
     model = skeleton()
     if path.is_file():
@@ -38,6 +37,7 @@ def _tuned(name: str, skeleton: Callable[[], GPT], fit: Callable[[GPT], dict], c
             return model, payload["history"]
         except (ValueError, RuntimeError):  # damaged, or saved from a differently shaped model
             pass
+    data.model_cache(cache)  # writable, or say so now rather than after the training
     history = fit(model)
     model.eval()
     save_file({"format": TUNED_FORMAT, "state_dict": model.state_dict(), "history": history}, path)

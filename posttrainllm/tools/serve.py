@@ -15,6 +15,9 @@ from __future__ import annotations
 import argparse
 import functools
 import http.server
+import posixpath
+import sys
+import urllib.parse
 from http import HTTPStatus
 from pathlib import Path
 
@@ -35,8 +38,9 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     }
 
     def end_headers(self) -> None:
-        # a malformed request line is answered (400, 414, 505) before ``path`` is ever set
-        if not getattr(self, "path", "").startswith(NOT_ISOLATED):
+        # a malformed request line is answered (400, 414, 505) before ``path`` is ever set; the
+        # prefix is tested on the path as the file system will see it, so /lite/../x is /x
+        if not _normalised(getattr(self, "path", "")).startswith(NOT_ISOLATED):
             for name, value in ISOLATION_HEADERS.items():
                 self.send_header(name, value)
         self.send_header("Cache-Control", "no-cache")
@@ -44,9 +48,16 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 
     def send_head(self):
         """Only files under the served folder: a symlink that leads out of it is not followed."""
-        target = Path(self.translate_path(self.path)).resolve()
+        try:
+            target = Path(self.translate_path(self.path)).resolve()
+            target.stat()  # a NUL byte or a lone surrogate (%ed%a0%80) fails here, not in the base class
+        except (FileNotFoundError, NotADirectoryError):
+            target = None  # the base class answers 404
+        except (ValueError, UnicodeError, OSError):
+            self.send_error(HTTPStatus.BAD_REQUEST, "Bad path")
+            return None
         root = Path(self.directory).resolve()
-        if target != root and root not in target.parents:
+        if target is not None and target != root and root not in target.parents:
             self.send_error(HTTPStatus.NOT_FOUND, "File not found")  # the same answer as a missing file
             return None
         return super().send_head()
@@ -56,12 +67,31 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             super().log_message(format, *args)
 
 
+def _normalised(path: str) -> str:
+    """The request's path without its query, decoded and with ``.`` and ``..`` resolved."""
+    clean = posixpath.normpath(urllib.parse.unquote(path.split("?", 1)[0].split("#", 1)[0]))
+    return clean + "/" if path.split("?", 1)[0].endswith("/") and clean != "/" else clean
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    quiet = False
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that hangs up mid-request is an everyday event, worth one line, not a traceback."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            if not self.quiet:
+                print(f"{client_address[0]}: connection closed mid-request ({type(error).__name__})", file=sys.stderr)
+            return
+        super().handle_error(request, client_address)
+
+
 def make_server(directory: Path, port: int = 0, quiet: bool = False) -> http.server.ThreadingHTTPServer:
     """A threaded static server for ``directory`` on 127.0.0.1 (port 0 picks a free port)."""
     if not (Path(directory) / "index.html").is_file():
         raise FileNotFoundError(f"no built book in {directory}: run `make book SERVE=0` first")
     handler = functools.partial(_Handler, directory=str(directory))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server = _Server(("127.0.0.1", port), handler)
     server.quiet = quiet
     return server
 

@@ -1,6 +1,9 @@
+import math
+
 import numpy as np
 import pytest
 
+from posttrainllm import comparison, contamination
 from posttrainllm.comparison import Scoreboard, improved, mcnemar_p, wilson_interval
 
 
@@ -67,3 +70,26 @@ def test_scoreboard_shows_intervals_and_ranks_only_by_the_paired_test():
         board.improved("newer", "old <b>")
     with pytest.raises(ValueError, match="same questions"):
         board.add("short", np.ones(90))
+
+
+@pytest.mark.parametrize("discordant, fewer", [(1, 0), (37, 11), (1500, 700), (3001, 1480)])
+def test_mcnemar_matches_the_exact_binomial_tail(discordant, fewer):
+    from fractions import Fraction
+
+    a = np.r_[np.ones(fewer), np.zeros(discordant - fewer)].astype(bool)
+    exact = Fraction(2 * sum(math.comb(discordant, i) for i in range(fewer + 1)), 2**discordant)
+    assert comparison.mcnemar_p(a, ~a) == pytest.approx(min(1.0, float(exact)), rel=1e-10)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: comparison.wilson_interval(3, 10, z=float("nan")),
+    lambda: comparison.wilson_interval(3, 10, z=-1.96),
+    lambda: comparison.wilson_interval(3, 10, z=float("inf")),
+    lambda: comparison.improved([1, 1], [0, 0], alpha=2),
+    lambda: comparison.improved([1, 1], [0, 0], alpha=0),
+    lambda: contamination.dirty(["a b"], ["a b"], n=0),
+    lambda: contamination.dirty(["a b"], ["a b"], n=True),
+])
+def test_settings_outside_their_range_are_refused(call):
+    with pytest.raises(ValueError):
+        call()

@@ -13,6 +13,19 @@ def test_exact_duplicates_ignore_case_spacing_and_punctuation():
     assert dedup.exact_duplicates(texts) == [1, 3]
 
 
+# the same sentence in three scripts, and a second Russian one: before, all four normalised to ""
+RUSSIAN = "Лиса бежала через тёмный лес к старой мельнице у реки"
+OTHERS = ["Η αλεπού έτρεξε μέσα από το σκοτεινό δάσος στον παλιό μύλο", "狐狸 跑过 黑暗的 森林 来到 河边的 老磨坊",
+          "Мельник смотрел на воду и думал о зиме и о хлебе"]
+
+
+def test_text_in_any_script_keeps_its_words():
+    assert dedup.normalise("Straße, STRASSE!  Ёлка") == "strasse strasse ёлка"
+    assert dedup.exact_duplicates([RUSSIAN, *OTHERS, RUSSIAN.upper()]) == [4]
+    assert dedup.near_duplicates([RUSSIAN, *OTHERS]) == []
+    assert contamination.dirty([RUSSIAN, OTHERS[0]], [f"вчера. {RUSSIAN}. конец"], n=5) == [True, False]
+
+
 def test_minhash_agreement_estimates_jaccard():
     a = {f"w{i}" for i in range(100)}
     b = {f"w{i}" for i in range(30, 130)}  # Jaccard 70 / 130

@@ -3,6 +3,7 @@ checkpoints that resume exactly, and checkpoints that are refused."""
 
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -168,3 +169,47 @@ def test_a_run_refuses_a_checkpoint_of_another_shape_and_ids_outside_its_vocabul
         launch(checkpoint.parent, tokens, "steps=3", "model.n_layer=1", processes=1)
     with pytest.raises(RuntimeError, match="token id 6. is outside the model's vocabulary of 60"):
         launch(tmp_path, tokens, "model.vocab_size=60", processes=1)
+
+
+def test_latest_compares_step_numbers_and_ignores_other_folders(tmp_path):
+    from posttrainllm.pretrain import latest
+
+    for name in ("step-999999", "step-1000000", "step-zzz", "step-12a", "step-000050"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "state.pt").write_bytes(b"")
+    (tmp_path / "step-2000000").mkdir()  # no state.pt: an interrupted save
+    assert latest(tmp_path) == tmp_path / "step-1000000"
+    assert latest(tmp_path / "nothing-here") is None
+
+
+def test_a_torn_last_log_line_is_dropped_with_a_warning_on_resume(tmp_path):
+    from posttrainllm.pretrain import _log
+
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.0}\n\n{"step": 3, "loss": 3.0}\n{"step": 4, "lo')
+    with pytest.warns(UserWarning, match="line 5 is not a whole log record"):
+        _log(tmp_path, 3)
+    assert log.read_text() == '{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.0}\n{"step": 3, "loss": 3.0}\n'
+
+
+@pytest.mark.parametrize("override, message", [
+    ("max_grad_norm=-1", "max_grad_norm must be a finite number, at least 0"),
+    ("lr=nan", "lr must be a finite number above 0"),
+    ("lr=inf", "lr must be a finite number above 0"),
+    ("lr=0", "lr must be a finite number above 0"),
+    ("min_lr=1", "min_lr=1 is above lr"),
+    ('compile="false"', "compile must be true or false, got 'false'"),
+    ("progress=no", "progress must be true or false, got 'no'"),
+    ("save_every=-1", "save_every must be at least 0"),
+    ("stop_after=-1", "stop_after must be at least 0"),
+    ("warmup=-3", "warmup must be at least 0"),
+    ("steps=1.5", "steps must be a whole number, got 1.5"),
+    ("micro_batch=true", "micro_batch must be a whole number, got True"),
+    ("model.n_embd=0", "model.n_embd must be at least 1"),
+    ("model.n_head=0", "model.n_head must be at least 1"),
+    ("model.block_size=-1", "model.block_size must be at least 1"),
+    ('model.n_head="4"', "model.n_head must be a whole number"),
+])
+def test_every_setting_is_checked_when_the_config_is_read(override, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        pretrain.load_config("tiny", [override])

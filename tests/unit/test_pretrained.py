@@ -147,3 +147,25 @@ def test_every_shared_model_has_a_measured_time():
 
     times = models.measured()
     assert set(times["seconds"]) == set(models.MODELS) and all(s > 0 for s in times["seconds"].values())
+
+
+def test_an_unwritable_cache_is_named_before_anything_trains(tmp_path, monkeypatch):
+    from posttrainllm import data, pretrained
+
+    monkeypatch.setattr(pretrained, "_build", lambda recipe: pytest.fail("trained into a cache it cannot keep"))
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    with pytest.raises(data.CacheNotWritable, match=r"a-file/cache cannot be written .*POSTTRAINLLM_CACHE"):
+        base_model(TINY, cache_dir=blocked / "cache")
+    with pytest.raises(data.CacheNotWritable):
+        sft_model(rank=2, steps=2, recipe=CHAT, cache_dir=blocked / "cache")
+
+
+def test_a_cache_that_holds_the_models_is_only_read(tmp_path, monkeypatch):
+    from posttrainllm import data
+
+    built, _ = base_model(TINY, cache_dir=tmp_path)
+    monkeypatch.setattr(data, "model_cache", lambda cache: pytest.fail("a read needed write access"))
+    loaded, _ = base_model(TINY, cache_dir=tmp_path)  # a shared, read-only cache works
+    assert all(torch.equal(a, b) for a, b in zip(built.state_dict().values(), loaded.state_dict().values(),
+                                                  strict=True))

@@ -78,3 +78,29 @@ def test_a_malformed_request_line_gets_its_status_not_a_crash(site, request_line
 def test_any_bytes_get_an_http_answer(site, data):
     answer = raw(site, data + b"\r\n\r\n")
     assert answer == b"" or answer.startswith(b"HTTP/") or b"Error code: " in answer, answer[:200]
+
+
+@pytest.mark.parametrize("path", ["/index%00.html", "/%ed%a0%80", "/lite/%00"])
+def test_a_nul_byte_or_a_lone_surrogate_gets_400_not_a_traceback(site, path, capfd):
+    assert get(site, path)[0] == 400
+    assert get(site, "/index.html")[0] == 200
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("path", ["/lite/../index.html", "/lite/%2e%2e/index.html", "/lite/./../index.html"])
+def test_the_isolation_headers_follow_the_file_not_the_spelling_of_its_path(site, path):
+    status, body, headers = get(site, path)
+    assert status == 200 and body == b"<p>book</p>"
+    assert all(headers[k] == v for k, v in ISOLATION_HEADERS.items())
+
+
+def test_a_client_that_hangs_up_mid_request_leaves_no_traceback(site, capfd):
+    import struct
+
+    for _ in range(3):
+        conn = socket.create_connection(("127.0.0.1", site), timeout=10)
+        conn.sendall(b"GET /index.html HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Half: ")
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        conn.close()
+    assert get(site, "/index.html")[0] == 200
+    assert "Traceback" not in capfd.readouterr().err
