@@ -64,6 +64,38 @@ def to_bytes(text: str) -> bytes:
     return text.encode("utf-8", errors="surrogatepass")
 
 
+def apply_merges(ids: list[int], ranks: dict[Pair, int]) -> list[int]:
+    """Merge ``ids`` as training did: always the adjacent pair learned earliest (lowest rank; a
+    pair's rank is the id of the token it makes), every occurrence left to right. The textbook loop
+    (find the lowest pair, :func:`merge_pair` it, repeat) is quadratic in the length of a pre-token,
+    hours for a megabyte of letters; here a heap of candidate pairs over a linked list makes it
+    O(n log n). A pair made by a merge always ranks after the pair merged, so the heap's order is
+    the loop's order (tests/unit/test_tokenizer.py checks the two agree)."""
+    n = len(ids)
+    if n < 2:
+        return ids
+    token, after, before = list(ids), [*range(1, n), -1], list(range(-1, n - 1))
+    heap = [(r, i) for i in range(n - 1) if (r := ranks.get((token[i], token[i + 1]))) is not None]
+    heapq.heapify(heap)
+    while heap:
+        rank, i = heapq.heappop(heap)
+        j = after[i]
+        if token[i] < 0 or j < 0 or ranks.get((token[i], token[j])) != rank:
+            continue  # a stale candidate: one of its two tokens was merged into another pair first
+        token[i], token[j] = rank, -1
+        after[i] = after[j]
+        if after[j] >= 0:
+            before[after[j]] = i
+        for left, right in ((before[i], i), (i, after[i])):
+            if left >= 0 and right >= 0 and (r := ranks.get((token[left], token[right]))) is not None:
+                heapq.heappush(heap, (r, left))
+    out, i = [], 0
+    while i >= 0:
+        out.append(token[i])
+        i = after[i]
+    return out
+
+
 def merge_pair(ids: list[int], pair: Pair, new_id: int) -> list[int]:
     """Replace every non-overlapping occurrence of ``pair``, left to right.
 
@@ -480,14 +512,7 @@ class Tokenizer:
         cached = self._cache.get(chunk)
         if cached is not None:
             return cached
-        ids = list(to_bytes(chunk).translate(self._byte_table))
-        ranks = self.ranks
-        while len(ids) > 1:
-            # merge the adjacent pair that was learned earliest (lowest rank), as in training
-            best = min(pairwise(ids), key=lambda p: ranks.get(p, 1 << 62))
-            if best not in ranks:
-                break
-            ids = merge_pair(ids, best, ranks[best])
+        ids = apply_merges(list(to_bytes(chunk).translate(self._byte_table)), self.ranks)
         if len(self._cache) < 200_000:  # bounded: streaming a huge input cannot grow it forever
             self._cache[chunk] = ids
         return ids

@@ -14,7 +14,9 @@ from posttrainllm.tokenizer import (
     GPT2_SPLIT,
     Tokenizer,
     _checksum,
+    apply_merges,
     count_words,
+    merge_pair,
     merge_work,
     train_merges,
     train_naive,
@@ -248,3 +250,26 @@ def test_streaming_handles_special_tokens_split_across_pieces(parts, cuts):
             list(tok.encode_iterable(pieces, allowed_special=allowed))
     else:
         assert list(tok.encode_iterable(pieces, allowed_special=allowed)) == tok.encode(text, allowed_special=allowed)
+
+
+def _textbook_merges(ids, ranks):
+    while len(ids) > 1:
+        best = min(zip(ids, ids[1:], strict=False), key=lambda p: ranks.get(p, 1 << 62))
+        if best not in ranks:
+            break
+        ids = merge_pair(ids, best, ranks[best])
+    return ids
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet="ab c", max_size=80), n_merges=st.integers(0, 40))
+def test_the_heap_merges_as_the_textbook_loop_does(text, n_merges):
+    trained = Tokenizer(train_merges(count_words("aab abba cab baa ab ab c aaa bbb " * 3), 256 + n_merges))
+    ids = list(text.encode())
+    assert apply_merges(ids, trained.ranks) == _textbook_merges(ids, trained.ranks)
+
+
+def test_one_long_pretoken_encodes_in_one_pass():
+    model = Tokenizer(train_merges(count_words(TEXT), 300))
+    word = "ab" * 50_000  # a 100,000-letter pre-token: the textbook loop needs ~10^10 steps here
+    assert model.decode(model.encode_ordinary(word)) == word
