@@ -214,6 +214,19 @@ def check_job(config: dict, *, threads: int, seed: int, tokens, steps: int, lr: 
             _ids(name, ids, config["vocab"], (config["batch"], config["block"]))
 
 
+def _exact(ids, dtype: str, name: str) -> np.ndarray:
+    """``ids`` in the trainer's file type, refused rather than wrapped when one does not fit (id
+    2**32 + 5 would reach the trainer as 5, inside the vocabulary, past every later check)."""
+    values = np.asarray(ids)
+    limits = np.iinfo(np.dtype(dtype))
+    if values.size and not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(f"{name} must be whole-number token ids, got {values.dtype}")
+    if values.size and (values.min() < limits.min or values.max() > limits.max):
+        bad = values.max() if values.max() > limits.max else values.min()
+        raise ValueError(f"{name} holds id {bad}, which the trainer's {limits.bits}-bit ids cannot hold")
+    return values.astype(dtype)
+
+
 def run(build: str, config: dict, *, threads: int = 1, seed: int = 0, weights: bytes | None = None,
         tokens=None, token_seed: int = 0, steps: int = 0, lr: float = 3e-3, batch=None,
         bench_gemm: tuple[list[int], int] | None = None, dist: Path = DIST, validate: bool = True,
@@ -245,11 +258,11 @@ def run(build: str, config: dict, *, threads: int = 1, seed: int = 0, weights: b
             (tmp / "weights.bin").write_bytes(weights)
             job["weights"] = str(tmp / "weights.bin")
         if tokens is not None:
-            np.asarray(tokens, dtype="<u2").tofile(tmp / "tokens.u16")
+            _exact(tokens, "<u2", "tokens").tofile(tmp / "tokens.u16")
             job["tokens"] = str(tmp / "tokens.u16")
         if batch is not None:
             for name, array in zip(("inputs", "targets"), batch, strict=True):
-                np.asarray(array, dtype="<i4").tofile(tmp / f"{name}.i32")
+                _exact(array, "<i4", name).tofile(tmp / f"{name}.i32")
             job["batch"] = {name: str(tmp / f"{name}.i32") for name in ("inputs", "targets")}
         (tmp / "job.json").write_text(json.dumps(job, allow_nan=False))  # node's JSON has no NaN
         done = subprocess.run([*node_command(), *node_flags, str(WASM / "node_run.mjs"), str(tmp / "job.json")],
@@ -316,14 +329,14 @@ class Memory64:
             self.call("free", pointer)
         self.check(self.call("tg_set_adamw", lr, 0.9, 0.999, 1e-8, 0.0), "AdamW")
         if batch is not None:
-            x, y = (self.put(np.asarray(a, dtype="<i4").tobytes()) for a in batch)
+            x, y = (self.put(_exact(a, "<i4", n).tobytes()) for a, n in zip(batch, ("inputs", "targets"), strict=True))
             answer["loss"] = self.call("tg_loss_and_grads", x, y)
             if answer["loss"] != answer["loss"]:
                 raise RuntimeError(f"batch: {self.message()}")
             answer["grads"] = self.floats(self.call("tg_grads"), n_params)
             answer["logits"] = self.floats(self.call("tg_logits"), c["batch"] * c["block"] * c["vocab"])
         if tokens is not None:
-            ids = np.asarray(tokens, dtype="<u2")
+            ids = _exact(tokens, "<u2", "tokens")
             self.check(self.call("tg_set_tokens", self.put(ids.tobytes()), len(ids), token_seed), "tokens")
             start, losses = time.perf_counter(), []
             for _ in range(steps):
@@ -363,7 +376,7 @@ def browser_cell(tok, ids, oracle: list[float], steps: tuple[int, ...] = (10, 10
     from posttrainllm.model import oracle_config
 
     config = config or oracle_config(tok.vocab_size)
-    ids = np.asarray(ids[:tokens], dtype="<u2")
+    ids = _exact(ids[:tokens], "<u2", "ids")
     files = {name: (WASM / name).read_text(encoding="utf-8") for name in BROWSER_FILES}
     for build in BROWSER_BUILDS:
         files[f"tinygpt-{build}.mjs"] = (DIST / f"tinygpt-{build}.mjs").read_text(encoding="utf-8")

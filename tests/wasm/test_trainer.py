@@ -266,3 +266,14 @@ def test_any_token_list_is_accepted_only_when_every_id_is_in_the_vocabulary(ids)
         assert not valid and ("outside the vocabulary" in str(err) or "whole token ids" in str(err))
     else:
         assert valid
+
+
+@pytest.mark.parametrize("build", ["simd", "memory64"])
+def test_an_id_too_wide_for_the_trainer_is_refused_even_unvalidated(build, dist):
+    tokens = np.array([1, 2, 2**32 + 5] + [0] * 40, dtype=np.int64)  # cast to 16 bits it would be id 5
+    with pytest.raises(ValueError, match=r"tokens holds id 4294967301, which the trainer's 16-bit ids cannot hold"):
+        wasm.run(build, small(), tokens=tokens, steps=1, dist=dist, validate=False)
+    x = np.ones((2, 16), np.int64)
+    x[0, 0] = 2**32 + 5
+    with pytest.raises(ValueError, match="inputs holds id 4294967301, which the trainer's 32-bit ids"):
+        wasm.run(build, small(), batch=(x, np.ones((2, 16), np.int64)), dist=dist, validate=False)
