@@ -7,9 +7,14 @@ It never raises: the result prints as a report and is truthy only when every cas
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import re
-from collections.abc import Callable
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,11 +50,44 @@ def _fmt(values) -> str:
 
 
 def _call(fn: Callable, *args):
-    """Run the learner's function; an exception becomes a message, not a crash."""
+    """Run the learner's function; an exception becomes a message, not a crash. What it returns is
+    made plain first (:func:`plain`), so the comparisons below are the gate's, not the answer's."""
     try:
-        return fn(*args), None
+        return plain(fn(*args)), None
     except Exception as err:  # noqa: BLE001 - any learner error is reported, not raised
         return None, f"raised {type(err).__name__}: {err}"
+
+
+def plain(value):
+    """``value`` as the built-in types the gates compare: numbers as ``int``/``float``/``bool``,
+    arrays and tensors as plain ``ndarray``/``Tensor`` (a subclass could report another shape, or
+    an ``__array_function__`` claim that ``allclose`` holds), tuples and lists element by element.
+    Anything else is returned as it is, and the gate's type checks refuse it."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, int | np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return np.array(value, subok=False)
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(plain(v) for v in value)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.as_subclass(torch.Tensor).detach().clone()
+    if hasattr(type(value), "__array__") or hasattr(type(value), "__array_function__"):
+        return np.asarray(value)  # an array-like: its data, and numpy's own comparisons of it
+    return value
+
+
+def _number(value) -> float | None:
+    """``value`` as a float when it is a plain number (or a 0-d numeric array), else ``None``."""
+    if isinstance(value, np.ndarray) and value.shape == () and np.issubdtype(value.dtype, np.number):
+        return float(value)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def check_fit_line(fit_line: Callable[[np.ndarray, np.ndarray], tuple[float, float]]) -> GateResult:
@@ -140,6 +178,8 @@ def check_tiled_reads(tiled_reads: Callable[[int, int, int, int], int]) -> GateR
         label = f"m={m}, n={n}, k={k}, tile={tile}"
         if err:
             result.failures.append(f"{label}: {err}")
+        elif type(got) is not int:  # plain() made every kind of integer an int
+            result.failures.append(f"{label}: expected a whole number of loads, got {type(got).__name__}")
         elif got != traffic.slow_reads:
             even = (m % tile, n % tile) == (0, 0)
             hint = "" if even else " (tiles at the edges are partial: count them with a ceiling)"
@@ -262,12 +302,17 @@ def check_online_softmax_update(update: Callable[[float, float, float], tuple[fl
     ]
     for label, x in cases:
         result.cases += 1
-        peak, total = -np.inf, 0.0
-        try:
-            for value in x:
-                peak, total = update(peak, total, float(value))
-        except Exception as err:  # noqa: BLE001 - reported, not raised
-            result.failures.append(f"{label}: raised {type(err).__name__}: {err}")
+        peak, total, err = -np.inf, 0.0, None
+        for value in x:
+            got, err = _call(update, peak, total, float(value))
+            pair = [_number(v) for v in got] if isinstance(got, tuple | list) and len(got) == 2 else [None]
+            if err is None and None in pair:
+                err = f"expected a pair (peak, total) of numbers, got {got!r}"
+            if err:
+                break
+            peak, total = pair
+        if err:
+            result.failures.append(f"{label}: {err}")
             continue
         want_peak = float(x.max())
         want_total = float(np.exp(x - want_peak).sum())
@@ -1279,6 +1324,60 @@ GATES: dict[str, tuple[int, str]] = {
     "check_expected_tokens": (10, WRITE),
     "check_alpha_for": (10, FIND),
 }
+
+
+GATE_SECONDS = 60  # past this, a gate stops and says so (no gate needs more than a few seconds)
+
+
+class _TooSlow(BaseException):
+    """Not an ``Exception``: the gates' own ``except Exception`` around the learner's call must let it through."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Stop the block after ``seconds`` where the platform can (the main thread of a Unix process:
+    a notebook's kernel); elsewhere the block runs unlimited."""
+    def stop(_signum, _frame):
+        raise _TooSlow
+
+    try:
+        if threading.current_thread() is not threading.main_thread():
+            raise ValueError("signals reach only the main thread")
+        previous = signal.signal(signal.SIGALRM, stop)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+    except (AttributeError, OSError, ValueError):  # Windows, Pyodide, a worker thread: no limit
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _guarded(gate: Callable[..., GateResult]) -> Callable[..., GateResult]:
+    """The gate, kept to its promise: it returns a :class:`GateResult` within :data:`GATE_SECONDS`,
+    whatever it is given (an answer whose ``__bool__``, ``__iter__`` or ``__float__`` raises, a
+    number too large for a float, a function that never returns)."""
+    name = gate.__name__.removeprefix("check_")
+
+    @functools.wraps(gate)
+    def run(*args, **kwargs) -> GateResult:
+        try:
+            with _time_limit(GATE_SECONDS):
+                result = gate(*args, **kwargs)
+        except _TooSlow:
+            return GateResult(name, [f"the check stopped after {GATE_SECONDS} s: does your function loop forever, "
+                                     "or return something whose comparison never ends?"], cases=1)
+        except Exception as err:  # noqa: BLE001 - the promise: a report, never a crash
+            return GateResult(name, [f"your answer could not be checked: {type(err).__name__}: {err}"], cases=1)
+        return result if isinstance(result, GateResult) else GateResult(name, ["the gate returned no report"], 1)
+
+    return run
+
+
+for _gate in GATES:
+    globals()[_gate] = _guarded(globals()[_gate])
 
 
 def describe(gate: str) -> str:
