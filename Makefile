@@ -17,15 +17,19 @@ STRICT := --all -W -n --keep-going
 CONSTRAINTS ?= constraints.txt
 # On Linux, PyPI's PyTorch wheel bundles CUDA (gigabytes a CPU machine never uses): take the CPU
 # build from PyTorch's own index, as Binder and CI do. `make install TORCH_INDEX=` keeps PyPI's.
+# Only torch is looked up there (--no-deps), so a machine that cannot reach that index pays one
+# failed lookup, not one per package; the rest comes from PyPI as usual.
 ifeq ($(shell uname -s),Linux)
-TORCH_INDEX ?= --extra-index-url https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 endif
-PIP_INSTALL = $(BIN)/python -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) $(TORCH_INDEX)
+PIP_INSTALL = $(BIN)/python -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+TORCH_CPU = $(if $(TORCH_INDEX),$(PIP_INSTALL) --no-deps --extra-index-url $(TORCH_INDEX) torch)
 
 # Everything: the reader's install and the book, test and WASM toolchains.
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
+	$(TORCH_CPU)
 	$(PIP_INSTALL) -e '.[torch,book,test,lab]'
 	touch $@ $(VENV)/.reader
 
@@ -33,6 +37,7 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 $(VENV)/.reader: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) --upgrade pip
+	$(TORCH_CPU)
 	$(PIP_INSTALL) -e '.[torch,lab]'
 	touch $@
 
@@ -76,6 +81,8 @@ else
 endif
 
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
+# each pytest run lists its slowest tests, so a run's log says where its time went
+DURATIONS := --durations=15
 
 # A second CPU code path that every x86-64 CPU has: PyTorch's unvectorised kernels, MKL's and
 # oneDNN's SSE code, OpenBLAS's Nehalem kernels, numpy's baseline loops and one BLAS thread.
@@ -99,15 +106,16 @@ test: install vendor
 	# the shared models first, so the notebooks' timings are a reader's second run, not the one-off training
 	$(BIN)/posttrainllm models
 	rm -f $(NBVAL_TIMES)
-	POSTTRAINLLM_NBVAL_TIMES=$(abspath $(NBVAL_TIMES)) $(BIN)/python -m pytest tests/unit tests/wasm notebooks $(NBVAL)
+	POSTTRAINLLM_NBVAL_TIMES=$(abspath $(NBVAL_TIMES)) $(BIN)/python -m pytest tests/unit tests/wasm notebooks $(NBVAL) \
+	  $(DURATIONS)
 	# the notebooks again on the second code path, their models trained afresh in a cache of their own
 	rm -rf $(SECOND_CACHE)
 	$(SECOND_PATH) POSTTRAINLLM_CACHE=$(abspath $(SECOND_CACHE)) $(BIN)/python -m pytest $(SECOND_PATH_NOTEBOOKS) \
-	  $(NBVAL) -p no:cacheprovider
+	  $(NBVAL) -p no:cacheprovider $(DURATIONS)
 	# the book, as a first `make book` builds it: from a cache that holds no model of an earlier run (the
 	# one this run's second path trained), so the build trains the reference shelf's models itself
 	POSTTRAINLLM_CACHE=$(abspath $(SECOND_CACHE)) POSTTRAINLLM_NBVAL_TIMES=$(abspath $(NBVAL_TIMES)) \
-	  $(BIN)/python -m pytest tests/book
+	  $(BIN)/python -m pytest tests/book $(DURATIONS)
 	# the WGSL kernels on both CPU Vulkan drivers: a process picks its driver once, so twice
 	POSTTRAINLLM_VK_DRIVER=lavapipe $(BIN)/python -m pytest tests/webgpu
 	POSTTRAINLLM_VK_DRIVER=swiftshader $(BIN)/python -m pytest tests/webgpu

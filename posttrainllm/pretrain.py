@@ -346,13 +346,36 @@ def save(directory: Path, model: GPT, optimizer: torch.optim.Optimizer, step: in
         dist.barrier()
 
 
-def latest(out: Path) -> Path | None:
-    """The newest complete checkpoint under ``out`` (one whose ``state.pt`` was written), if any:
-    the highest step number, compared as a number (``step-1000000`` after ``step-999999``); a
-    folder whose name is not ``step-`` and digits is not a checkpoint of this trainer."""
+def checkpoints(out: Path) -> list[Path]:
+    """The complete checkpoints under ``out`` (those whose ``state.pt`` was written), newest first:
+    by step number, compared as a number (``step-1000000`` after ``step-999999``); a folder whose
+    name is not ``step-`` and digits is not a checkpoint of this trainer."""
     done = [(int(m[1]), p.parent) for p in out.glob("step-*/state.pt")
             if (m := re.fullmatch(r"step-([0-9]+)", p.parent.name))]
-    return max(done)[1] if done else None
+    return [path for _, path in sorted(done, reverse=True)]
+
+
+def latest(out: Path) -> Path | None:
+    """The newest complete checkpoint under ``out``, if any."""
+    found = checkpoints(out)
+    return found[0] if found else None
+
+
+def _earlier_whole(checkpoint: Path) -> str:
+    """What to do when ``checkpoint`` (the newest) is damaged: the newest whole one before it."""
+    whole = next((c for c in checkpoints(checkpoint.parent) if c.name != checkpoint.name and _whole(c)), None)
+    if whole is None:
+        return " No earlier checkpoint is whole."
+    return (f" {whole.name} is whole: move {checkpoint.name} out of {checkpoint.parent} to resume from "
+            f"step {int(whole.name[5:])}")
+
+
+def _whole(checkpoint: Path) -> bool:
+    try:
+        read_state(checkpoint)
+    except ValueError:
+        return False
+    return True
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -388,6 +411,9 @@ def read_state(directory: Path) -> dict:
     """``state.pt`` of a checkpoint, after checking every DCP file against the hashes it lists."""
     directory = Path(directory)
     state = load_file(directory / "state.pt", STATE_FORMAT, "pretraining checkpoint", "checkpoint state")
+    missing = sorted({"step", "samples", "world_size", "config", "rng", "files"} - set(state))
+    if missing:
+        raise ValueError(f"{directory}: state.pt lacks {', '.join(missing)}: not a whole checkpoint of this trainer")
     for name, digest in state["files"].items():
         path = directory / "dcp" / name
         if not path.is_file():
@@ -404,9 +430,13 @@ def load(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    state = read_state(directory)
+    try:
+        state = read_state(directory)
+    except ValueError as err:  # a damaged newest checkpoint: name the one to fall back to
+        raise ValueError(f"{err}.{_earlier_whole(Path(directory))}") from None
     saved = json.loads(state["config"])["model"]
-    if saved != asdict(shape):
+    # the seed only draws the initial weights, which the checkpoint replaces: not part of the shape
+    if {k: v for k, v in saved.items() if k != "seed"} != {k: v for k, v in asdict(shape).items() if k != "seed"}:
         raise ValueError(f"{directory} holds a model of another shape {saved}: give this run its own out=")
     model_state, optim_state = get_state_dict(model, optimizer)
     both = {"model": model_state, "optimizer": optim_state}

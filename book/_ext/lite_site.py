@@ -39,11 +39,14 @@ PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_s
 # what the Pyodide kernel installs as it starts (lock names), with their dependencies
 KERNEL_START = ("micropip", "ipython", "jedi")
 # not in Pyodide's lock: taken at the versions installed in this environment
-INSTALLED = ("comm", "ipywidgets", "jupyterlab-widgets")
+INSTALLED = ("comm", "ipywidgets", "jupyterlab-widgets", "markdown-it-py", "mdurl", "mdit-py-plugins", "linkify-it-py")
 DEPENDS = {
-    "posttrainllm": ["ipywidgets", "pygments"],
+    # markdown-it and its plugins: the study queue judges answers with the book's Markdown parser
+    "posttrainllm": ["ipywidgets", "pygments", "markdown-it-py", "mdit-py-plugins", "linkify-it-py"],
     "ipywidgets": ["comm", "ipython", "traitlets", "jupyterlab-widgets", "widgetsnbextension"],
     "comm": ["traitlets"],
+    "markdown-it-py": ["mdurl"],
+    "mdit-py-plugins": ["markdown-it-py"],
 }
 SHIMS = Path(sys.prefix) / "share/jupyter/labextensions/@jupyterlite/pyodide-kernel-extension/static/pypi"
 

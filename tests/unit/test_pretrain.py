@@ -213,3 +213,35 @@ def test_a_torn_last_log_line_is_dropped_with_a_warning_on_resume(tmp_path):
 def test_every_setting_is_checked_when_the_config_is_read(override, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         pretrain.load_config("tiny", [override])
+
+
+def test_a_damaged_newest_checkpoint_names_the_whole_one_before_it(checkpoint, tokens, tmp_path):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(checkpoint, out / "step-000001")
+    shutil.copytree(checkpoint, out / "step-000002")
+    shard = next((out / "step-000002" / "dcp").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:1000])  # a save cut short
+    with pytest.raises(RuntimeError, match="step-000001 is whole: move step-000002 out of .* to resume from step 1"):
+        launch(out, tokens, "steps=3", processes=1)
+
+
+def test_a_resume_with_another_seed_is_the_same_shape(checkpoint, tokens, tmp_path):
+    import shutil
+
+    shutil.copytree(checkpoint, tmp_path / checkpoint.name)
+    shutil.copy(checkpoint.parent / "log.jsonl", tmp_path)
+    assert len(launch(tmp_path, tokens, "steps=3", "model.seed=5", processes=1)) == 3  # steps 1-2 kept, 3 run
+
+
+def test_a_state_file_missing_a_key_is_named(checkpoint, tmp_path):
+    import shutil
+
+    from posttrainllm.train import save_file
+
+    copy = tmp_path / "copy"
+    shutil.copytree(checkpoint, copy)
+    save_file({"format": pretrain.STATE_FORMAT, "step": 2, "files": {}}, copy / "state.pt")
+    with pytest.raises(ValueError, match="state.pt lacks config, rng, samples, world_size"):
+        pretrain.read_state(copy)
