@@ -11,6 +11,15 @@ ROOT = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
+# Python source that makes the interpreter running it behave as if PyTorch were not installed
+WITHOUT_TORCH = (
+    "import importlib.machinery\n"
+    "_find = importlib.machinery.PathFinder.find_spec\n"
+    "importlib.machinery.PathFinder.find_spec = lambda name, path=None, target=None: (\n"
+    "    None if name.split('.')[0] == 'torch' else _find(name, path, target))\n"
+)
+
+
 def require(available: bool, what: str) -> None:
     """Skip when a system component is missing on a laptop; fail in CI, where .ci/run installs it."""
     if available:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import posttrainllm
+from tests.conftest import WITHOUT_TORCH
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,26 +30,15 @@ def test_license_file_matches_the_declared_license():
 
 
 def test_missing_torch_names_the_command_that_installs_it():
-    hide_torch = textwrap.dedent("""
-        import importlib.machinery
-        real = importlib.machinery.PathFinder.find_spec
-        def find_spec(name, path=None, target=None):  # as if torch were not installed
-            return None if name.split(".")[0] == "torch" else real(name, path, target)
-        importlib.machinery.PathFinder.find_spec = find_spec
-        import posttrainllm.model
-    """)
-    result = subprocess.run([sys.executable, "-c", hide_torch], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", WITHOUT_TORCH + "import posttrainllm.model\n"],
+                            capture_output=True, text=True)
     assert result.returncode == 1
     assert "ModuleNotFoundError" in result.stderr and "pip install 'posttrainllm[torch]'" in result.stderr
 
 
 def test_without_torch_other_code_can_still_ask_whether_torch_is_there():
-    probe = textwrap.dedent("""
-        import importlib.machinery, importlib.util
-        real = importlib.machinery.PathFinder.find_spec
-        def find_spec(name, path=None, target=None):  # as if torch were not installed
-            return None if name.split(".")[0] == "torch" else real(name, path, target)
-        importlib.machinery.PathFinder.find_spec = find_spec
+    probe = WITHOUT_TORCH + textwrap.dedent("""
+        import importlib.util
         import posttrainllm
         assert importlib.util.find_spec("torch") is None
         try:

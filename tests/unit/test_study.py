@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from posttrainllm.tools import study
 from posttrainllm.tools.cli import main
+from tests.conftest import WITHOUT_TORCH
 
 ROOT_QUEUE = study.queue_path()
 
@@ -371,14 +372,7 @@ def test_cli_version_and_plain_help(capsys):
 
 
 def test_models_without_torch_is_one_line_naming_the_extra():
-    hide_torch = (
-        "import importlib.machinery, sys\n"
-        "real = importlib.machinery.PathFinder.find_spec\n"
-        "importlib.machinery.PathFinder.find_spec = lambda n, p=None, t=None: (\n"
-        "    None if n.split('.')[0] == 'torch' else real(n, p, t))\n"
-        "from posttrainllm.tools.cli import main\n"
-        "sys.exit(main(['models']))\n"
-    )
+    hide_torch = WITHOUT_TORCH + "import sys\nfrom posttrainllm.tools.cli import main\nsys.exit(main(['models']))\n"
     done = subprocess.run([sys.executable, "-c", hide_torch], capture_output=True, text=True,
                           env={**os.environ, "POSTTRAINLLM_CACHE": os.devnull + "-unused"})
     assert done.returncode == 2 and "Traceback" not in done.stderr
