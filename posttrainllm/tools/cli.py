@@ -55,7 +55,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    markdown = study.export(args.file)
+    markdown = study.text(args.file)
     if args.to is None:
         sys.stdout.write(markdown)
     else:

@@ -13,12 +13,13 @@ and shown in place of "TBD" wherever the queue is shown: ``posttrainllm study st
 notebooks' study cards, the reader's own build of the book. A reader who wants them in a Markdown
 queue instead (their fork's ``book/study-queue.md``) names it (``--file``, ``path=``,
 ``POSTTRAINLLM_STUDY_QUEUE``), and ``fill`` then rewrites only the lines of one topic's "Why here"
-field in that file: every other byte is kept as it was. ``export`` and ``import_answers`` move
-answers between the two.
+field in that file: every other byte is kept as it was. :func:`text` (``study export``) and
+:func:`import_answers` move answers between the two.
 
 Outside a clone of the book (a pip install, Colab), the topics come from the copy of the queue
 that the package's wheel carries.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -161,7 +162,7 @@ def with_answers(queue: str, answered: dict[str, str]) -> str:
     return queue
 
 
-def orphans(path: Path | None = None) -> list[str]:
+def orphans() -> list[str]:
     """Topics in the reader's answers file that the queue no longer has (renamed or removed)."""
     names = {t.name for t in parse(_read(queue_path()))}
     return sorted(set(answers.load()) - names)
@@ -273,11 +274,6 @@ def _fill_file(path: Path, name: str, why: str, force: bool) -> Topic:
         new = filled_text(_read(path), name, why, force=force)  # read inside the lock: sees every earlier fill
         _write_atomic(path, new.encode("utf-8"))
     return find(parse(new), name)
-
-
-def export(path: Path | None = None) -> str:
-    """The queue with the reader's answers, as Markdown to keep or to put in a fork's ``book/``."""
-    return text(path)
 
 
 def import_answers(source: Path, *, force: bool = False) -> list[str]:

@@ -65,7 +65,7 @@ def test_export_then_import_into_another_answers_file(tmp_path, monkeypatch):
     monkeypatch.setenv("POSTTRAINLLM_STUDY_ANSWERS", str(tmp_path / "new" / "answers.json"))
     assert main(["study", "import", str(exported)]) == 0
     assert answers.load() == {"Logit lens": "It reads the residual stream\nwith the unembedding."}
-    assert study.export() == exported.read_text()  # the same page, either way
+    assert study.text() == exported.read_text()  # the same page, either way
 
 
 def test_import_keeps_a_different_saved_answer_unless_forced(tmp_path, capsys):
