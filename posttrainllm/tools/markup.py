@@ -12,6 +12,7 @@ answer can neither leave its field nor put markup or code of its own into the bu
 from __future__ import annotations
 
 import functools
+import re
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
@@ -19,6 +20,8 @@ from markdown_it.token import Token
 _SAFE_INLINE = {"text", "softbreak", "hardbreak", "code_inline", "em_open", "em_close", "strong_open",
                 "strong_close", "link_open", "link_close", "math_inline"}
 _WEB = ("https://", "http://")
+# MathJax macros that reach the page's HTML (links, classes, styles, extensions loaded at read time)
+_HTML_TEX = re.compile(r"\\(href|class|cssId|style|require|unicode|data|html|texttip|mathtip|toggle)(?![A-Za-z])")
 
 # what a refused token is called in the message a reader sees
 _NAMES = {
@@ -95,4 +98,6 @@ def refusal(document: str, start: int, end: int) -> str | None:
             return f"it holds {_name(token)}, which the book would render as markup, not as your words"
         if token.type == "link_open" and not str(token.attrGet("href") or "").startswith(_WEB):
             return "it links to something other than a web address (http:// or https://)"
+        if token.type == "math_inline" and (macro := _HTML_TEX.search(token.content)):
+            return f"its maths uses {macro[0]}, which MathJax turns into HTML of its own"
     return None

@@ -272,6 +272,8 @@ HOSTILE = [
     ("{download}`x`", "a MyST role"),
     ("![x](https://example.org/a.png)", "an image"),
     ("[notes](other-page.md)", "web address"),
+    ("$\\href{javascript:alert(1)}{x}$", "MathJax turns into HTML"),
+    ("$\\require{action}\\toggle{a}{b}$", "MathJax turns into HTML"),
 ]
 
 
