@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TextIO
 
-from posttrainllm import curation, distill, progress, reward_model, rl, tuned
+from posttrainllm import atomic, curation, distill, progress, reward_model, rl, tuned
 from posttrainllm.pretrained import SPECULATIVE_DRAFT, SPECULATIVE_TARGET, base_model
 
 # modules 7–10's base model, module 10's speculative-decoding target and draft, module 9's
@@ -75,7 +75,7 @@ def build_all(out: TextIO | None = None, record: Path | None = None) -> dict[str
         machine = f"{platform.machine()}, {_cores()} CPU cores"
         report = {"machine": machine, "date": date.today().isoformat(),
                   "seconds": {n: round(s, 1) for n, s in taken.items()}}
-        record.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        atomic.write_text(record, json.dumps(report, indent=2) + "\n")
     return taken
 
 
