@@ -19,7 +19,7 @@ from posttrainllm.tools.study import headings, slugify
 
 # Modules that run the book rather than teach a concept (and all of posttrainllm.tools); the map
 # lists them apart.
-TOOLING = {"__main__", "assets", "atomic"}
+TOOLING = {"__main__", "assets", "atomic", "progress"}
 ASSET_DIRS = ("posttrainllm/assets",)
 ASSET_SUFFIXES = {".wgsl", ".js", ".mjs", ".c", ".cc", ".cpp", ".h", ".hpp"}
 

@@ -138,7 +138,8 @@ def test_build_all_builds_each_model_with_a_bar_and_says_what_is_left(monkeypatc
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("[1/2] a: 30 s to train on m (up to 10 min for this and the rest")
     assert lines[2].startswith("[2/2] b: 10 min to train on m (up to 10 min")
-    assert "b: 3/3" in capsys.readouterr().err  # the bar, named after the model
+    bars = capsys.readouterr().err
+    assert "\ra:" in bars and "\rb:" in bars and "0/3 [" in bars  # a bar for each, named after its model
     assert isinstance(progress.steps(3), range)
 
 
