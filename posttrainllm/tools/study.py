@@ -237,11 +237,10 @@ def markup_problems(text: str) -> list[str]:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` atomically, keeping its mode, owner and group."""
+    """Replace ``path`` atomically, keeping its owner and group (``atomic`` keeps its mode)."""
     with atomic.replacing(path) as tmp:
         tmp.write_bytes(data)
         before = path.stat()
-        os.chmod(tmp, before.st_mode & 0o7777)
         if (before.st_uid, before.st_gid) != (os.stat(tmp).st_uid, os.stat(tmp).st_gid):
             try:
                 os.chown(tmp, before.st_uid, before.st_gid)
