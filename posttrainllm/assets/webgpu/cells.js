@@ -63,8 +63,9 @@ export async function mount(root, rt, files, config) {
     run = {stopped: false, results: []};
     try {
       const list = SIZES[config.kind][sizes.value];
-      if (config.kind === "matmul") await matmulRace(rt, gpu, files, config.variants, list, output, status, run);
-      else await attentionRace(rt, gpu, files, config.variants, list, output, status, run);
+      const compiled = compiler(rt, gpu, files);
+      if (config.kind === "matmul") await matmulRace(rt, compiled, gpu, config.variants, list, output, status, run);
+      else await attentionRace(rt, compiled, gpu, config.variants, list, output, status, run);
       root.dataset.state = "done";
     } catch (err) {
       if (err instanceof Stopped) {
@@ -81,6 +82,18 @@ export async function mount(root, rt, files, config) {
 }
 
 class Stopped extends Error {}
+
+// A kernel's pipeline, compiled once per run and reused at every size: the sizes reach a kernel as
+// uniforms, not in its source. A software adapter (SwiftShader) spends seconds compiling a variant
+// and milliseconds running it at the small sizes, so compiling per size tripled a run.
+function compiler(rt, gpu, files) {
+  const pipelines = new Map();
+  return (file, params, label) => {
+    const key = `${file} ${JSON.stringify(params)}`;
+    if (!pipelines.has(key)) pipelines.set(key, rt.compile(gpu, rt.withParams(files[file], params), label));
+    return pipelines.get(key);  // a promise: a failed compile fails again, the same way, at every size
+  };
+}
 
 // Why this GPU cannot run a kernel variant (an optional feature, or more workgroup memory than it
 // has; the cell's config carries each variant's need, read from its source), or null.
@@ -120,7 +133,7 @@ function bar(fraction) {
 }
 
 // Each race adds its measurements to run.results as they come, so a Stop keeps what was measured.
-async function matmulRace(rt, gpu, files, variants, list, output, status, run) {
+async function matmulRace(rt, compiled, gpu, variants, list, output, status, run) {
   const results = run.results;
   const {t, add} = table(["n", "kernel", "GFLOP/s", "check", "max error", ""]);
   output.replaceChildren(t);
@@ -136,7 +149,7 @@ async function matmulRace(rt, gpu, files, variants, list, output, status, run) {
         rows.push({n, kernel: v.name, skipped: lacking});
         continue;
       }
-      const kernel = await rt.compile(gpu, rt.withParams(files[v.file], v.params), v.name);
+      const kernel = await compiled(v.file, v.params, v.name);
       const {c, timing} = await rt.matmul(gpu, kernel, a, b, n, n, n, 3);
       const error = rt.checkMatmul(c, a, b, n, n, n, {half: kernel.f16});
       rows.push({n, kernel: v.name, gflops: (2 * n ** 3) / timing.ms / 1e6, ms: timing.ms, method: timing.method,
@@ -158,7 +171,7 @@ async function matmulRace(rt, gpu, files, variants, list, output, status, run) {
     (timed.every((r) => r.ok) ? "Every result matched the CPU." : "Some results did NOT match the CPU.");
 }
 
-async function attentionRace(rt, gpu, files, variants, list, output, status, run) {
+async function attentionRace(rt, compiled, gpu, variants, list, output, status, run) {
   const h = 4;
   const d = 64;
   const results = run.results;
@@ -181,7 +194,7 @@ async function attentionRace(rt, gpu, files, variants, list, output, status, run
       if (variant.file.includes("naive")) params.MAX_T = Math.max(1024, len);  // the private row must hold T scores
       let measured;
       try {
-        const kernel = await rt.compile(gpu, rt.withParams(files[variant.file], params), variant.name);
+        const kernel = await compiled(variant.file, params, variant.name);
         measured = await rt.attention(gpu, kernel, q, k, v, h, len, d, 3);
       } catch (err) {
         if (!(err instanceof rt.TooMuchPrivateMemory)) throw err;
