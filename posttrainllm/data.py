@@ -13,6 +13,7 @@ TinyStories) once into a local cache.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -250,6 +251,16 @@ def model_cache(cache_dir: Path | None = None) -> Path:
             "would be lost: set POSTTRAINLLM_CACHE to a folder you can write"
         ) from None
     return cache
+
+
+@contextlib.contextmanager
+def training_into(cache: Path, target: Path) -> Iterator[None]:
+    """Held while a model is trained into ``target`` in ``cache`` (checked writable first): a second
+    process that wants the same model (two notebooks, ``posttrainllm models --jobs``) waits for the
+    first and then reads what it saved, instead of training it again."""
+    model_cache(cache)
+    with atomic.locked(target):
+        yield
 
 
 def load_text(url: str, cache_dir: Path | None = None, timeout: float = 30.0) -> str:

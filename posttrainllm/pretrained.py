@@ -90,17 +90,25 @@ def base_model(recipe: Recipe = Recipe(), cache_dir: Path | None = None) -> tupl
     """The base GPT and its tokenizer for ``recipe``, trained once and then read from the cache."""
     cache = Path(cache_dir or data.default_cache_dir())
     weights, vocab = cache / f"base-{recipe.key}.pt", cache / f"base-{recipe.key}.bpe"
-    if weights.is_file() and vocab.is_file():
-        try:
-            model, tokenizer = load_checkpoint(weights), Tokenizer.load(vocab)
-            model.eval()
-            return model, tokenizer
-        except ValueError:
-            pass  # a damaged cache file: rebuild it below rather than trust it
-    data.model_cache(cache)  # writable, or say so now rather than after the training
-    model, tokenizer = _build(recipe)
-    tokenizer.save(vocab)
-    save_checkpoint(model, weights)
+    if (cached := _cached_base(weights, vocab)) is not None:
+        return cached
+    with data.training_into(cache, weights):
+        if (cached := _cached_base(weights, vocab)) is not None:
+            return cached  # another process trained it while this one waited
+        model, tokenizer = _build(recipe)
+        tokenizer.save(vocab)
+        save_checkpoint(model, weights)
+    return model, tokenizer
+
+
+def _cached_base(weights: Path, vocab: Path) -> tuple[GPT, Tokenizer] | None:
+    if not (weights.is_file() and vocab.is_file()):
+        return None
+    try:
+        model, tokenizer = load_checkpoint(weights), Tokenizer.load(vocab)
+    except ValueError:
+        return None  # a damaged cache file: rebuilt rather than trusted
+    model.eval()
     return model, tokenizer
 
 

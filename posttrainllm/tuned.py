@@ -29,19 +29,28 @@ def _tuned(name: str, skeleton: Callable[[], GPT], fit: Callable[[GPT], dict], c
     cache = Path(cache_dir or data.default_cache_dir())
     path = cache / f"tuned-{name}-v{TUNE_VERSION}.pt"
     model = skeleton()
-    if path.is_file():
-        try:
-            payload = load_file(path, TUNED_FORMAT, "fine-tuned model", "cache file")
-            model.load_state_dict(payload["state_dict"])
-            model.eval()
-            return model, payload["history"]
-        except (ValueError, RuntimeError):  # damaged, or saved from a differently shaped model
-            pass
-    data.model_cache(cache)  # writable, or say so now rather than after the training
-    history = fit(model)
-    model.eval()
-    save_file({"format": TUNED_FORMAT, "state_dict": model.state_dict(), "history": history}, path)
+    if (history := _cached(model, path)) is not None:
+        return model, history
+    with data.training_into(cache, path):
+        if (history := _cached(model, path)) is not None:
+            return model, history  # another process trained it while this one waited
+        history = fit(model)
+        model.eval()
+        save_file({"format": TUNED_FORMAT, "state_dict": model.state_dict(), "history": history}, path)
     return model, history
+
+
+def _cached(model: GPT, path: Path) -> dict | None:
+    """Load ``path`` into ``model`` and return its history; None if it is missing or unusable."""
+    if not path.is_file():
+        return None
+    try:
+        payload = load_file(path, TUNED_FORMAT, "fine-tuned model", "cache file")
+        model.load_state_dict(payload["state_dict"])
+    except (ValueError, RuntimeError):  # damaged, or saved from a differently shaped model
+        return None
+    model.eval()
+    return payload["history"]
 
 
 def _sft_skeleton(rank: int | None, recipe: Recipe, cache_dir: Path | None) -> Callable[[], GPT]:

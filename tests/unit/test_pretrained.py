@@ -1,3 +1,6 @@
+import multiprocessing
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -18,13 +21,42 @@ def test_base_model_is_built_once_then_read_from_the_cache(tmp_path):
     first, tok = base_model(TINY, cache_dir=tmp_path)
     files = sorted(p.name for p in tmp_path.iterdir())
     weights = f"base-{TINY.key}.pt"
-    assert files == [f"base-{TINY.key}.bpe", f"base-{TINY.key}.bpe.vocab", weights]  # .vocab: for people to read
+    # .vocab: for people to read; the hidden lock is what a second process waits on while this one trains
+    assert files == [f".{weights}.lock", f"base-{TINY.key}.bpe", f"base-{TINY.key}.bpe.vocab", weights]
     stamp = (tmp_path / weights).stat().st_mtime_ns
     second, tok2 = base_model(TINY, cache_dir=tmp_path)
     assert (tmp_path / weights).stat().st_mtime_ns == stamp  # not rebuilt
     assert tok2.merges == tok.merges
     assert same_weights(first, second)
     assert evaluate(second, held_out_ids(tok2, TINY), batch_size=4, batches=2) < 7.0
+
+
+def _build_counting(cache: str, log: str) -> None:
+    """In a fresh process: base_model(TINY), logging each time it trains rather than reads the cache."""
+    from posttrainllm import pretrained
+
+    build = pretrained._build
+
+    def counted(recipe):
+        with open(log, "a") as f:
+            f.write("trained\n")
+        return build(recipe)
+
+    pretrained._build = counted
+    base_model(TINY, cache_dir=Path(cache))
+
+
+def test_two_processes_that_want_the_same_model_train_it_once(tmp_path):
+    log = tmp_path / "log"
+    spawn = multiprocessing.get_context("spawn")
+    workers = [spawn.Process(target=_build_counting, args=(str(tmp_path / "cache"), str(log))) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert [w.exitcode for w in workers] == [0, 0]
+    assert log.read_text() == "trained\n"  # the second waited for the first and read what it saved
+    assert same_weights(base_model(TINY, cache_dir=tmp_path / "cache")[0], base_model(TINY, cache_dir=tmp_path)[0])
 
 
 def test_building_again_from_scratch_gives_the_same_weights(tmp_path):
@@ -74,6 +106,7 @@ def test_a_damaged_fine_tuned_file_is_rebuilt_and_full_sft_trains_every_weight(t
     assert same_weights(full, rebuilt)
 
 
+@pytest.mark.slow
 def test_dpo_model_starts_from_the_lora_sft_model_and_records_its_run(tmp_path):
     policy, history = dpo_model(nll_weight=1.0, steps=2, sft_steps=2, recipe=CHAT, cache_dir=tmp_path)
     reference, _ = sft_model(rank=4, steps=2, recipe=CHAT, cache_dir=tmp_path)
