@@ -9,7 +9,7 @@ VENDOR := _build/vendor
 LITE_WHEELS := _build/lite-wheels/.installed
 STRICT := --all -W -n --keep-going
 
-.PHONY: book test lab install vendor notebooks lint clean wasm constraints notebook-times
+.PHONY: book test check lab install vendor notebooks lint clean wasm constraints notebook-times
 
 # --- set-up -------------------------------------------------------------------------------
 # Exact versions from constraints.txt (what CI tests); `make book CONSTRAINTS=` installs from
@@ -105,9 +105,12 @@ test: install vendor
 	$(BIN)/ruff check .
 	# the shared models first, so the notebooks' timings are a reader's second run, not the one-off training
 	$(BIN)/posttrainllm models
+	# unit tests two at a time: most of them run on one core
+	$(BIN)/python -m pytest tests/unit tests/wasm -n 2 $(DURATIONS)
+	# the notebooks one at a time: each pins PyTorch to two threads (the same sums on every machine), so two
+	# side by side would fight over two cores, and their times are what a reader's two cores give
 	rm -f $(NBVAL_TIMES)
-	POSTTRAINLLM_NBVAL_TIMES=$(abspath $(NBVAL_TIMES)) $(BIN)/python -m pytest tests/unit tests/wasm notebooks $(NBVAL) \
-	  $(DURATIONS)
+	POSTTRAINLLM_NBVAL_TIMES=$(abspath $(NBVAL_TIMES)) $(BIN)/python -m pytest notebooks $(NBVAL) $(DURATIONS)
 	# the notebooks again on the second code path, their models trained afresh in a cache of their own
 	rm -rf $(SECOND_CACHE)
 	$(SECOND_PATH) POSTTRAINLLM_CACHE=$(abspath $(SECOND_CACHE)) $(BIN)/python -m pytest $(SECOND_PATH_NOTEBOOKS) \
@@ -121,6 +124,19 @@ test: install vendor
 	POSTTRAINLLM_VK_DRIVER=swiftshader $(BIN)/python -m pytest tests/webgpu
 
 # --- for learners and maintainers ----------------------------------------------------------
+# The contributor's loop: lint, then the unit tests (two at a time) and the notebooks (one at a time) that
+# the change since $(BASE), committed or not, can affect; posttrainllm/tools/affected.py says how it
+# decides. Tests marked `slow` (a fresh venv, a benchmark, torchrun processes) wait for `make test`.
+BASE ?= main
+check: export POSTTRAINLLM_DEVICE :=
+check: install
+	$(BIN)/ruff check .
+	@tests="$$($(BIN)/python -m posttrainllm.tools.affected tests --base $(BASE))" && \
+	notebooks="$$($(BIN)/python -m posttrainllm.tools.affected notebooks --base $(BASE))" && \
+	echo "changed since $(BASE): $$(echo $$tests | wc -w) unit test files and $$(echo $$notebooks | wc -w) notebooks to run" && \
+	if [ -n "$$tests" ]; then $(BIN)/python -m pytest $$tests -m "not slow" -n 2 $(DURATIONS); fi && \
+	if [ -n "$$notebooks" ]; then $(BIN)/posttrainllm models && $(BIN)/python -m pytest $$notebooks $(NBVAL); fi
+
 # JupyterLab from the reader's install; its own kernel runs the notebooks (no user-wide kernel is registered).
 lab: $(VENV)/.reader
 	$(BIN)/jupyter lab notebooks/

@@ -34,6 +34,8 @@ def pytest_configure(config):
 def pytest_sessionfinish(session):
     """With ``POSTTRAINLLM_NBVAL_TIMES`` set, keep this session's notebook times in that file for a
     later session (``make test`` builds the book in one of its own)."""
+    if hasattr(session.config, "workerinput"):
+        return  # a pytest-xdist worker: the controller saw every notebook's reports and writes the file
     path = os.environ.get("POSTTRAINLLM_NBVAL_TIMES")
     if path and NOTEBOOK_TIMES:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

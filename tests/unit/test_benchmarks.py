@@ -44,6 +44,7 @@ COMMITTED = {  # measured on a GPU: an H200, and an H100 for the files tagged h1
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
+@pytest.mark.slow
 def test_benchmark_runs_quickly_and_writes_its_table(script, tmp_path):
     if script in ("webgpu", "drift"):
         require(Path(webgpu.DRIVERS["lavapipe"]).is_file(), "Mesa's lavapipe (apt-get install mesa-vulkan-drivers)")
@@ -94,6 +95,7 @@ def test_only_the_h200_writes_the_untagged_gpu_tables():
     assert suffix("", "NVIDIA H100 80GB HBM3") == ""  # asked for by name
 
 
+@pytest.mark.slow
 def test_notebooks_on_device_names_the_cell_that_failed(tmp_path):
     import nbformat
 

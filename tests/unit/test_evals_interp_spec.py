@@ -120,6 +120,7 @@ def test_greedy_speculative_decoding_reproduces_greedy_target_decoding():
     assert same.tokens == want and same.acceptance == 1.0 and same.tokens_per_target_forward == 5
 
 
+@pytest.mark.slow
 def test_speculative_sampling_is_lossless_for_the_first_token():
     target, draft = _model(seed=1), _model(seed=2, n_layer=1, n_embd=8, n_head=1)
     prompt = [3, 1, 4, 1, 5]

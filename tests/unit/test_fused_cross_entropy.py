@@ -77,6 +77,7 @@ def test_a_gpt_with_the_fused_loss_trains_like_the_plain_one_and_keeps_no_logits
     torch.testing.assert_close(loss, a.detach(), rtol=1e-12, atol=0)
 
 
+@pytest.mark.slow
 def test_it_compiles_to_the_same_loss():
     model = GPT(CONFIG)
     model.fused_loss = True

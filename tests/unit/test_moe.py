@@ -36,6 +36,7 @@ def test_bad_top_k_is_refused():
         MoE(4, 8, n_experts=3, top_k=4)
 
 
+@pytest.mark.slow
 def test_the_balancing_loss_evens_out_a_top1_router_that_otherwise_concentrates():
     plain, balanced = train_toy_router(0.0, top_k=1), train_toy_router(0.01, top_k=1)
     assert plain.busiest > 1.5  # the busiest expert gets half again its fair share without the loss

@@ -37,6 +37,7 @@ def uninterrupted(tokens, tmp_path_factory):
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+@pytest.mark.slow
 def test_a_run_cut_at_step_13_resumes_from_step_10_and_repeats_steps_11_to_20_exactly(
         mode, tokens, uninterrupted, tmp_path):
     cut = launch(tmp_path, tokens, f"parallel={mode}", "stop_after=13")
@@ -47,6 +48,7 @@ def test_a_run_cut_at_step_13_resumes_from_step_10_and_repeats_steps_11_to_20_ex
     assert resumed[-1] < resumed[0] - 0.5
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_on_the_global_batch(tokens, uninterrupted, tmp_path):
     single = launch(tmp_path, tokens, "grad_accum=2", processes=1)
     for mode in ("ddp", "fsdp"):  # the same rows, summed in another order
@@ -59,6 +61,7 @@ def test_two_processes_match_one_process_on_the_global_batch(tokens, uninterrupt
         np.testing.assert_allclose(accumulated, single, rtol=1e-10, err_msg=f"reshard_after_forward={keep}")
 
 
+@pytest.mark.slow
 def test_a_checkpoint_saved_by_two_fsdp_processes_resumes_in_one(tokens, uninterrupted, tmp_path):
     launch(tmp_path, tokens, "parallel=fsdp", "stop_after=13")
     resumed = launch(tmp_path, tokens, "grad_accum=2", processes=1)  # same global batch, one process
@@ -142,6 +145,7 @@ def test_the_stream_is_the_same_rows_whatever_the_world_size():
     assert len({int(v) for v in windows.rows(0, 100)[0][:, 0]}) == 100  # an epoch visits each once
 
 
+@pytest.mark.slow
 def test_bf16_under_fsdp2_and_a_compiled_model_follow_the_fp32_run(tokens, tmp_path):
     settings = ["steps=6", "save_every=0", "precision=fp32"]
     fp32 = launch(tmp_path / "fp32", tokens, *settings, "parallel=fsdp")
@@ -158,6 +162,7 @@ def test_a_failed_launch_says_why(tmp_path):
         pretrain.launch(tmp_path, ["stpes=1"])
 
 
+@pytest.mark.slow
 def test_a_checkpoint_saved_by_four_fsdp_processes_resumes_in_two(tokens, uninterrupted, tmp_path):
     launch(tmp_path, tokens, "parallel=fsdp", "micro_batch=2", "stop_after=13", processes=4)  # global batch 8
     resumed = launch(tmp_path, tokens, "parallel=fsdp")  # 2 processes x 4 rows: the same global batch

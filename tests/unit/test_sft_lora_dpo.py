@@ -216,6 +216,7 @@ def test_feedback_log_keeps_corrections_and_names_a_damaged_line(tmp_path):
         log.corrections()
 
 
+@pytest.mark.slow
 def test_serving_logs_every_wrong_answer_and_a_refresh_trains_a_new_adapter_on_them(tok, model, tmp_path):
     from posttrainllm import continual
 
