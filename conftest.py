@@ -27,8 +27,10 @@ def pytest_runtest_logreport(report):
 
 def pytest_configure(config):
     """No test, notebook kernel or book build of this run reads or writes the reader's own study
-    answers: they all get an answers file of the run's own, empty at the start."""
-    os.environ["POSTTRAINLLM_STUDY_ANSWERS"] = str(Path(tempfile.mkdtemp(prefix="study-answers-")) / "answers.json")
+    answers or record of passed gates: they all get files of the run's own, empty at the start."""
+    folder = Path(tempfile.mkdtemp(prefix="study-answers-"))
+    os.environ["POSTTRAINLLM_STUDY_ANSWERS"] = str(folder / "answers.json")
+    os.environ["POSTTRAINLLM_PROGRESS"] = str(folder / "progress.json")
 
 
 def pytest_sessionfinish(session):

@@ -64,7 +64,8 @@ Each module holds one concept, named after it, in the order the curriculum meets
 
 Around them: ``assets`` (the kernels and the WASM trainer, shipped as package data),
 ``atomic`` (files written whole or not at all), ``progress`` (the training loops' bars, shown
-when someone waits on them), and the book's tooling in ``tools``.
+when someone waits on them), the book's tooling in ``tools``, and in ``solutions`` the book's
+answers to the exercises, one module per notebook.
 
 Imports here stay light (no torch) so ``import posttrainllm`` is instant everywhere.
 """

@@ -215,8 +215,10 @@ def backpropagate(root, zero_like: Callable) -> None:
 
 
 def total(values: Iterable[Value | Number]) -> Value:
-    """Sum of many values as one flat chain (``sum()`` with a Value start)."""
-    out = Value(0.0)
+    """Sum of many values as one flat chain (``sum()`` with a zero start), made of the values' own
+    class: the book's ``Value``, or any class with the same arithmetic."""
+    values = list(values)
+    out = next((type(v) for v in values if not isinstance(v, Number)), Value)(0.0)
     for v in values:
         out = out + v
     return out
@@ -229,15 +231,15 @@ class GraphDrawing:
     """A computation graph as SVG in Jupyter, and as one text line per node everywhere else."""
 
     def __init__(self, root: Value) -> None:
-        self.order = root.topological_order()
-        self.names = {id(n): n.label or f"n{i}" for i, n in enumerate(self.order)}
+        self.order = topological_order(root)  # not root's method: a reader's own Value may lack it
+        self.names = {id(n): getattr(n, "label", "") or f"n{i}" for i, n in enumerate(self.order)}
 
     def _line(self, node: Value) -> str:
         name = self.names[id(node)]
         if not node.parents:
             return f"{name} = {node.data:.4g}  (grad {node.grad:.4g})"
         args = ", ".join(self.names[id(p)] for p in node.parents)
-        return f"{name} = {node.op}({args}) = {node.data:.4g}  (grad {node.grad:.4g})"
+        return f"{name} = {getattr(node, 'op', '')}({args}) = {node.data:.4g}  (grad {node.grad:.4g})"
 
     def __repr__(self) -> str:
         return "\n".join(self._line(n) for n in self.order)
@@ -266,7 +268,8 @@ class GraphDrawing:
                 parts.append(f'<line x1="{px + 150}" y1="{py + 18}" x2="{x}" y2="{y + 18}" stroke="#888"/>')
         for node in self.order:
             x, y = pos[id(node)]
-            title = self.names[id(node)] + (f" = {node.op}" if node.op else "")
+            op = getattr(node, "op", "")
+            title = self.names[id(node)] + (f" = {op}" if op else "")
             parts.append(
                 f'<rect x="{x}" y="{y}" width="150" height="36" rx="6" fill="#eef4fb" stroke="#1f4e79"/>'
                 f'<text x="{x + 6}" y="{y + 14}">{html.escape(title)}</text>'

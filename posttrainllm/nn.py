@@ -19,12 +19,12 @@ ACTIVATIONS = ("tanh", "relu", "linear")
 class Neuron:
     """``act(w . x + b)`` for one output."""
 
-    def __init__(self, n_inputs: int, activation: str, rng: np.random.Generator) -> None:
+    def __init__(self, n_inputs: int, activation: str, rng: np.random.Generator, value: type = Value) -> None:
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         scale = 1 / np.sqrt(n_inputs)
-        self.w = [Value(float(v)) for v in rng.uniform(-scale, scale, n_inputs)]
-        self.b = Value(0.0)
+        self.w = [value(float(v)) for v in rng.uniform(-scale, scale, n_inputs)]
+        self.b = value(0.0)
         self.activation = activation
 
     def __call__(self, x: Sequence[Value | float]) -> Value:
@@ -40,8 +40,9 @@ class Neuron:
 class Layer:
     """``n_outputs`` neurons reading the same inputs."""
 
-    def __init__(self, n_inputs: int, n_outputs: int, activation: str, rng: np.random.Generator) -> None:
-        self.neurons = [Neuron(n_inputs, activation, rng) for _ in range(n_outputs)]
+    def __init__(self, n_inputs: int, n_outputs: int, activation: str, rng: np.random.Generator,
+                 value: type = Value) -> None:
+        self.neurons = [Neuron(n_inputs, activation, rng, value) for _ in range(n_outputs)]
 
     def __call__(self, x: Sequence[Value | float]) -> list[Value]:
         return [n(x) for n in self.neurons]
@@ -52,9 +53,10 @@ class Layer:
 
 class MLP:
     """Layers of sizes ``[n_inputs, *hidden, n_outputs]``; hidden layers use ``activation``,
-    the last layer is linear (it outputs logits)."""
+    the last layer is linear (it outputs logits). ``value`` is the scalar class the weights are made
+    of: the book's :class:`~posttrainllm.autograd.Value`, or one the reader wrote in module 4."""
 
-    def __init__(self, sizes: Sequence[int], activation: str = "tanh", seed: int = 0) -> None:
+    def __init__(self, sizes: Sequence[int], activation: str = "tanh", seed: int = 0, value: type = Value) -> None:
         if len(sizes) < 2:
             raise ValueError(f"an MLP needs input and output sizes, got {list(sizes)}")
         if activation not in ACTIVATIONS:
@@ -64,7 +66,7 @@ class MLP:
         self.sizes = list(sizes)
         self.activation = activation
         self.layers = [
-            Layer(sizes[i], sizes[i + 1], "linear" if i == last else activation, rng) for i in range(last + 1)
+            Layer(sizes[i], sizes[i + 1], "linear" if i == last else activation, rng, value) for i in range(last + 1)
         ]
 
     def __call__(self, x: Sequence[Value | float]) -> list[Value]:
@@ -100,3 +102,9 @@ def cross_entropy(logits: Sequence[Value], target: int) -> Value:
     shift = max(z.data for z in logits)
     log_sum = total((z - shift).exp() for z in logits).log() + shift
     return log_sum - logits[target]
+
+
+def batch_loss(model: MLP, X: np.ndarray, y: np.ndarray) -> Value:
+    """The mean cross-entropy of ``model`` over the rows of ``X`` and their classes ``y``."""
+    losses = [cross_entropy(model([float(v) for v in x]), int(t)) for x, t in zip(X, y, strict=True)]
+    return total(losses) * (1 / len(losses))

@@ -35,8 +35,10 @@ def chromium_path() -> str | None:
 
 @pytest.fixture(autouse=True)
 def own_answers_file(tmp_path_factory, monkeypatch):
-    """Each test starts with an empty study-answers file of its own."""
-    monkeypatch.setenv("POSTTRAINLLM_STUDY_ANSWERS", str(tmp_path_factory.mktemp("answers") / "answers.json"))
+    """Each test starts with an empty study-answers file and an empty record of passed gates."""
+    folder = tmp_path_factory.mktemp("answers")
+    monkeypatch.setenv("POSTTRAINLLM_STUDY_ANSWERS", str(folder / "answers.json"))
+    monkeypatch.setenv("POSTTRAINLLM_PROGRESS", str(folder / "progress.json"))
 
 
 @pytest.fixture

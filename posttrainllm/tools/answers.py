@@ -2,9 +2,8 @@
 
 The study queue's topics are the book's (``book/study-queue.md``, all "Why here: TBD"); what a
 reader writes in a study card or with ``posttrainllm study fill`` is theirs, so it is kept in
-their data folder: ``$XDG_DATA_HOME/posttrainllm/study-answers.json`` on Linux (by default
-``~/.local/share``), ``~/Library/Application Support/posttrainllm`` on macOS, ``%APPDATA%`` on
-Windows, or the file ``POSTTRAINLLM_STUDY_ANSWERS`` names (on Colab, a folder of your Drive).
+their own folder (:func:`posttrainllm.tools.home.folder`) as ``study-answers.json``, or in the
+file ``POSTTRAINLLM_STUDY_ANSWERS`` names (on Colab, a folder of your Drive).
 A ``git pull`` of the book never meets it, a pip install reaches it, and it never ends up in a
 contribution. It is JSON, ``{"version": 1, "answers": {topic: text}}``, written atomically under
 a lock, so concurrent saves keep each other's answers.
@@ -15,11 +14,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from posttrainllm import atomic
+from posttrainllm.tools import home
 
 VERSION = 1
 
@@ -31,15 +30,7 @@ class AnswersError(ValueError):
 def path() -> Path:
     """Where this reader's answers are kept."""
     named = os.environ.get("POSTTRAINLLM_STUDY_ANSWERS")
-    if named:
-        return Path(named)
-    if sys.platform == "win32":
-        base = Path(os.environ.get("APPDATA") or Path.home() / "AppData" / "Roaming")
-    elif sys.platform == "darwin":
-        base = Path.home() / "Library" / "Application Support"
-    else:
-        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return base / "posttrainllm" / "study-answers.json"
+    return Path(named) if named else home.folder() / "study-answers.json"
 
 
 def load(file: Path | None = None) -> dict[str, str]:

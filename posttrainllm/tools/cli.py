@@ -1,5 +1,5 @@
 """``posttrainllm`` on the command line: ``posttrainllm study status|fill|check``, ``posttrainllm coverage``,
-``posttrainllm models``."""
+``posttrainllm models``, ``posttrainllm progress``."""
 
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import posttrainllm
 from posttrainllm import atomic
-from posttrainllm.tools import answers, coverage, study
+from posttrainllm.tools import answers, coverage, record, study
 
-DESCRIPTION = "The posttrainllm book's command line: the study queue, the coverage map and the shared models."
+DESCRIPTION = ("The posttrainllm book's command line: the study queue, the coverage map, the shared models and "
+               "your progress through the gates.")
 # the extra that installs a missing module, for the one-line error a command gives without it
 EXTRAS = {"torch": "torch"}
 
@@ -91,6 +92,16 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress(args: argparse.Namespace) -> int:
+    from posttrainllm.tools import mastery
+
+    passed = record.load()  # a damaged record is an error here, not a line of the table
+    print(f"the gates you have passed, from {record.path()}:")
+    print(mastery.progress())
+    print(f"{len(passed)} passed in all")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrainllm", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"posttrainllm {posttrainllm.__version__}")
@@ -124,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     mod.add_argument("--record", type=Path, default=None,
                      help="write the times to this file (assets/model_times.json, from an empty cache)")
     mod.set_defaults(run=_models)
+    sub.add_parser("progress", help="the mastery gates you have passed, module by module").set_defaults(
+        run=_progress)
     return parser
 
 
@@ -143,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: `posttrainllm {args.command}` needs {err.name}, which is not installed: "
               f"pip install 'posttrainllm[{extra}]'", file=sys.stderr)
         return 2
-    except (study.StudyQueueError, answers.AnswersError, OSError, UnicodeDecodeError) as err:
+    except (study.StudyQueueError, answers.AnswersError, record.RecordError, OSError, UnicodeDecodeError) as err:
         print(f"error: {_reason(err)}", file=sys.stderr)
         return 2
 

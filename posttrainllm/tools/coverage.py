@@ -54,8 +54,9 @@ def package_modules() -> list[str]:
 
 
 def is_tooling(name: str) -> bool:
-    """Whether ``name`` (as :func:`package_modules` gives it) runs the book rather than teaching."""
-    return name in TOOLING or name.startswith("tools.")
+    """Whether ``name`` (as :func:`package_modules` gives it) runs the book rather than teaching; the
+    book's answers (``solutions.*``) count as such: the exercise they answer is what teaches."""
+    return name in TOOLING or name.startswith(("tools.", "solutions"))
 
 
 def asset_files(root: Path) -> list[str]:

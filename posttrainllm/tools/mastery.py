@@ -14,12 +14,14 @@ import re
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from posttrainllm import linear
+from posttrainllm.tools import record as progress_record
 
 
 @dataclass
@@ -27,6 +29,7 @@ class GateResult:
     gate: str
     failures: list[str] = field(default_factory=list)
     cases: int = 0
+    first: str = ""  # set when the answer is still the skeleton: what to write first
 
     @property
     def passed(self) -> bool:
@@ -36,6 +39,8 @@ class GateResult:
         return self.passed
 
     def __repr__(self) -> str:
+        if self.first:
+            return f"NOT YET {self.gate}: not written yet (it raises NotImplementedError). Start here: {self.first}"
         if self.cases == 1:  # a find-out gate: one number
             return f"PASSED {self.gate}: your answer matches." if self.passed else "\n".join(
                 [f"NOT YET {self.gate}:", *(f"  - {f}" for f in self.failures)])
@@ -81,6 +86,12 @@ def plain(value):
     if hasattr(type(value), "__array__") or hasattr(type(value), "__array_function__"):
         return np.asarray(value)  # an array-like: its data, and numpy's own comparisons of it
     return value
+
+
+def _show(value) -> str:
+    """A number as the reports print it; anything else as its repr."""
+    number = _number(value)
+    return f"{number:.6f}" if number is not None else repr(value)
 
 
 def _number(value) -> float | None:
@@ -194,6 +205,18 @@ def softplus_reference(x0: float) -> dict[str, tuple[float, float]]:
     return {"softplus(x)": (sp, sig), "softplus(x) * x + x": (sp * x0 + x0, sig * x0 + sp + 1)}
 
 
+def _is_node(value) -> bool:
+    """Has what the backward pass needs: a value, a gradient, its parents and a local rule."""
+    return all(hasattr(value, a) for a in ("data", "grad", "parents", "_backward"))
+
+
+def _backprop(root) -> None:
+    """The package's backward pass, run on any graph of nodes (the reader's class or the book's)."""
+    from posttrainllm.autograd import backpropagate
+
+    backpropagate(root, lambda node: 0.0)
+
+
 def check_backward_rule(op: Callable) -> GateResult:
     """Gate for module 4: ``softplus(x: Value) -> Value``, ``log(1 + e^x)`` as a new operation with
     its own ``_backward``. Checked against :func:`softplus_reference` (which the tests check against
@@ -209,17 +232,190 @@ def check_backward_rule(op: Callable) -> GateResult:
             x = Value(x0)
             out, err = _call(lambda x=x, build=builds[shape]: build(op, x))
             label = f"{shape} at x = {x0:g}"
+            if not err and not _is_node(out):
+                err = f"expected a Value, got {type(out).__name__}"
+            if not err:
+                err = _call(_backprop, out)[1]
             if err:
                 result.failures.append(f"{label}: {err}")
-                continue
-            if not isinstance(out, Value):
-                result.failures.append(f"{label}: expected a Value, got {type(out).__name__}")
-                continue
-            out.backward()
-            if abs(out.data - value) > 1e-10:
+            elif abs(out.data - value) > 1e-10:
                 result.failures.append(f"{label}: forward value {out.data:.6f}, expected {value:.6f}")
             elif abs(x.grad - grad) > 1e-10:
                 result.failures.append(f"{label}: d/dx = {x.grad:.6f}, the answer is {grad:.6f}")
+    return result
+
+
+# each case of the Value gate: what it builds from two Values a and b, and the slips it can name
+# as (wrong d/da, its name) at the point (a, b)
+_VALUE_CASES: dict[str, tuple[Callable, Callable[[float, float], list[tuple[float, str]]]]] = {
+    "a + b": (lambda a, b: a + b, lambda a, b: [(0.0, "a sum sends out.grad to both inputs unchanged")]),
+    "a * b": (lambda a, b: a * b, lambda a, b: [(a, "each factor's gradient is the *other* factor times out.grad")]),
+    "a * a": (lambda a, b: a * a, lambda a, b: [(a, "a is both parents: each rule must add into .grad (+=), "
+                                                   "never assign (=)")]),
+    "a ** 3": (lambda a, b: a**3, lambda a, b: [(a**2, "d(x**k)/dx = k * x**(k - 1): keep the factor k"),
+                                               (3 * a**3, "d(x**k)/dx = k * x**(k - 1): lower the power by one")]),
+    "b ** -0.5": (lambda a, b: b**-0.5, lambda a, b: []),
+    "a.exp()": (lambda a, b: a.exp(), lambda a, b: [(a, "d(e**x)/dx is e**x itself: out.data")]),
+    "b.log()": (lambda a, b: b.log(), lambda a, b: []),
+    "a.tanh()": (lambda a, b: a.tanh(), lambda a, b: [(1 - a * a, "d tanh(x)/dx = 1 - tanh(x)**2: square the "
+                                                                  "output, not the input")]),
+    "(a + 2) * (3 * a) - 1 / b": (lambda a, b: (a + 2) * (3 * a) - 1 / b, lambda a, b: []),
+    "((a * b).exp() + b ** 2).log() - a / b": (lambda a, b: ((a * b).exp() + b**2).log() - a / b,
+                                               lambda a, b: []),
+}
+_VALUE_SLIP_INPUTS = {"b.log()": "b", "b ** -0.5": "b"}  # the cases whose slips concern b, not a
+
+
+def check_value(value_class: type) -> GateResult:
+    """Gate for module 4: the ``Value`` class: ``Value(data)`` holds a number with ``grad = 0``, and
+    ``+``, ``*``, ``** k`` (a number ``k``), ``exp()``, ``log()`` and ``tanh()`` each return a new
+    ``Value`` whose ``parents`` are its inputs and whose ``_backward`` adds the local derivative
+    times ``out.grad`` into each parent's ``grad``. Each expression is built from the reader's
+    class, swept backwards by the book's own backward pass, and compared with the book's ``Value``
+    at two points; plain numbers on either side of an operator are included."""
+    from posttrainllm.autograd import Value
+
+    result = GateResult("Value")
+    for a0, b0 in ((0.7, 1.3), (-1.2, 0.4)):
+        for label, (build, slips) in _VALUE_CASES.items():
+            result.cases += 1
+            label = f"{label} at a = {a0:g}, b = {b0:g}"
+            want_a, want_b = Value(a0), Value(b0)
+            want = build(want_a, want_b)
+            want.backward()
+            made, err = _call(lambda a0=a0, b0=b0: (value_class(a0), value_class(b0)))
+            out, err = (None, err) if err else _call(build, *made)
+            if not err and not _is_node(out):
+                err = f"expected a Value (data, grad, parents, _backward), got {type(out).__name__}"
+            if err:
+                result.failures.append(f"{label}: {err}")
+                continue
+            a, b = made
+            got = _number(out.data)
+            if got is None or not math.isclose(got, want.data, rel_tol=1e-12, abs_tol=1e-12):
+                result.failures.append(f"{label}: forward value {out.data!r}, expected {want.data:.6f}")
+                continue
+            if not out.parents:
+                result.failures.append(f"{label}: the result has no parents, so no gradient can reach a or b -- "
+                                       "pass the inputs as parents")
+                continue
+            err = _call(_backprop, out)[1]
+            if err:
+                result.failures.append(f"{label}: the backward pass {err}")
+                continue
+            grads = _number(a.grad), _number(b.grad)
+            if None in grads or not all(math.isclose(g, w.grad, rel_tol=1e-10, abs_tol=1e-12)
+                                        for g, w in zip(grads, (want_a, want_b), strict=True)):
+                name = "b" if _VALUE_SLIP_INPUTS.get(label.split(" at ")[0]) else "a"
+                got_grad = grads[name == "b"]
+                hint = next((h for wrong, h in slips(a0, b0) if got_grad is not None and
+                             math.isclose(got_grad, wrong, rel_tol=1e-10, abs_tol=1e-12)), None)
+                if hint is None and grads == (0.0, 0.0):
+                    hint = "no gradient arrived: set out._backward to the rule, and add into the parents' .grad"
+                result.failures.append(f"{label}: d/da, d/db = {_show(a.grad)}, {_show(b.grad)}; expected "
+                                       f"{want_a.grad:.6f}, {want_b.grad:.6f}" + (f" -- {hint}" if hint else ""))
+    return result
+
+
+def _sweep(root, reverse: bool = True, once: bool = True, reset: bool = True) -> None:
+    """A backward pass with one step left out or done wrong: the slips :func:`check_backward` names."""
+    order, seen, stack = [], set(), [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+        elif not once or id(node) not in seen:
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((p, False) for p in node.parents)
+    for node in order:
+        if reset and node.parents:
+            node.grad = 0.0
+    root.grad += 1.0
+    for node in reversed(order) if reverse else order:
+        node._backward()
+
+
+def _backward_graphs():
+    """``(label, build, calls)``: each builds a fresh graph of the book's Values and returns
+    ``(root, leaves)``; the reader's backward runs ``calls`` times on it."""
+    from posttrainllm.autograd import Value
+
+    def tiny():
+        a, b = Value(2.0), Value(-3.0)
+        return (a * b + a).tanh(), (a, b)
+
+    def shared():
+        p, q = Value(0.7), Value(-1.3)
+        s = p * q + p.exp() / (1 + q * q)
+        return (s * s + 1).log() - s.tanh() * (p - q) ** 2, (p, q)
+
+    def chain():
+        x = out = Value(1.0)
+        for _ in range(20_000):
+            out = out * 1.0001
+        return out, (x,)
+
+    def leaf():
+        a = Value(3.0)
+        return a, (a,)
+
+    return [("tanh(a*b + a)", tiny, 1), ("a graph with a shared sub-expression", shared, 1),
+            ("tanh(a*b + a), backward() called twice", tiny, 2), ("a chain 20,000 operations deep", chain, 1),
+            ("a lone leaf", leaf, 1)]
+
+
+def _all_close(got: list, want: list) -> bool:
+    return len(got) == len(want) and all(g is not None and math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-12)
+                                         for g, w in zip(got, want, strict=True))
+
+
+def check_backward(backward: Callable) -> GateResult:
+    """Gate for module 4: ``backward(self)``, the method that fills ``grad`` of every node the output
+    ``self`` depends on: list the nodes in topological order (each after its parents) without
+    recursion, reset the gradients of the nodes that have parents to 0, add 1 to ``self.grad``, and
+    run each node's ``_backward`` from the output back to the inputs. Leaves keep what they had, so a
+    second call adds the same gradients again (as in PyTorch). Run on graphs of the book's
+    ``Value``, so only the sweep is checked: a shared sub-expression, a second call, a chain 20,000
+    deep and an output that is itself a leaf."""
+    result = GateResult("backward")
+    slips = {
+        "run the rules from the output back to the inputs: reverse the topological order": {"reverse": False},
+        "a node reached by two paths ran its rule twice: keep a set of the nodes already visited": {"once": False},
+        "the first call's gradients flowed again: reset each intermediate node's grad to 0 first": {"reset": False},
+    }
+    for label, build, calls in _backward_graphs():
+        result.cases += 1
+        root, leaves = build()
+        want_root, want_leaves = build()
+        for _ in range(calls):
+            _backprop(want_root)
+        err = None
+        for _ in range(calls):
+            err = err or _call(backward, root)[1]
+        if err:
+            hint = " -- a recursive walk runs out of Python's stack here: keep your own stack (a list)" if (
+                "RecursionError" in err) else ""
+            result.failures.append(f"{label}: {err}{hint}")
+            continue
+        got = [_number(leaf.grad) for leaf in leaves]
+        want = [leaf.grad for leaf in want_leaves]
+        if _all_close(got, want):
+            continue
+        hint = ""
+        if _number(root.grad) == 0.0:
+            hint = " -- nothing started the sweep: add 1 to the output's own grad (d out / d out) first"
+        elif calls == 2 and _all_close([2 * g for g in got if g is not None], want):
+            hint = " -- leaves accumulate: a second call adds the same gradients again, so do not reset the leaves"
+        for name, wrong in slips.items():
+            variant_root, variant_leaves = build()
+            with contextlib.suppress(RecursionError):
+                for _ in range(calls):
+                    _sweep(variant_root, **wrong)
+                if not hint and _all_close(got, [v.grad for v in variant_leaves]):
+                    hint = f" -- {name}"
+        result.failures.append(f"{label}: input gradients {_fmt([g if g is not None else np.nan for g in got])}, "
+                               f"expected {_fmt(want)}{hint}")
     return result
 
 
@@ -671,10 +867,8 @@ def _mlp_trajectory(step: Callable, seed: int, batches, lr: float):
 def _reference_train_step(model, X, y, lr: float, sign: float = 1.0, zero: bool = True) -> float:
     """One full-batch gradient step on the mean cross-entropy (``sign``/``zero`` make the slips)."""
     from posttrainllm import nn
-    from posttrainllm.autograd import Value
 
-    losses = [nn.cross_entropy(model([float(v) for v in x]), int(t)) for x, t in zip(X, y, strict=True)]
-    loss = sum(losses, Value(0.0)) * (1 / len(losses))
+    loss = nn.batch_loss(model, X, y)
     if zero:
         model.zero_grad()
     loss.backward()
@@ -1296,6 +1490,8 @@ GATES: dict[str, tuple[int, str]] = {
     "check_broadcast_shape": (3, WRITE),
     "check_tiled_reads": (3, WRITE),
     "check_best_tile": (3, FIND),
+    "check_value": (4, WRITE),
+    "check_backward": (4, WRITE),
     "check_backward_rule": (4, WRITE),
     "check_train_step": (4, WRITE),
     "check_graph_size": (4, FIND),
@@ -1355,14 +1551,59 @@ def _time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+# What a skeleton's reader writes first, by gate (named as the record keeps it); the rest follow the docstring.
+FIRST = {
+    "value": "__add__: the forward value is self.data + other.data, the parents are (self, other), and its "
+             "_backward adds out.grad into self.grad and other.grad.",
+    "backward": "list the nodes in topological order (each after its parents) with a stack of your own, then add "
+                "1 to self.grad and run each node's _backward, from the output back to the inputs.",
+    "backward_rule": "the derivative of softplus is the sigmoid, 1 / (1 + e**-x): add it, times "
+                              "out.grad, into x.grad.",
+    "train_step": "loss = nn.batch_loss(model, X, y); then model.zero_grad(), loss.backward(), and "
+                  "p.data -= lr * p.grad for each parameter; return loss.data.",
+}
+FIRST_OTHERWISE = "replace `raise NotImplementedError` with your code; its docstring says what it takes and returns."
+
+# The modules whose exercises start from a skeleton and keep the book's answers apart, in
+# posttrainllm.solutions. Only their gates are recorded: elsewhere a solution cell still redefines
+# the reader's function under its name, so a pass there cannot be told from the reader's own.
+SKELETON_MODULES = frozenset({4})
+
+# The answers that passed a gate in this process, and those still the skeleton (see :func:`yours`).
+_PASSED: weakref.WeakSet = weakref.WeakSet()
+_SKELETONS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _is_books(value) -> bool:
+    """The package's own function or class (the book's solution, or its reference): not the reader's."""
+    return callable(value) and str(getattr(value, "__module__", "")).startswith("posttrainllm")
+
+
+def _remember(args: tuple, result: GateResult, name: str, record: bool) -> None:
+    """Note which answer passed or is a skeleton, and add a pass on the reader's own answer to their
+    record (a record that cannot be written is one line, not a failed gate)."""
+    answers = [a for a in args if callable(a)]
+    for answer in answers:
+        with contextlib.suppress(TypeError):  # an object that takes no weak reference
+            (_PASSED if result.passed else _SKELETONS if result.first else set()).add(answer)
+    recorded = GATES.get(f"check_{name}", (0, ""))[0] in SKELETON_MODULES
+    if result.passed and record and recorded and not any(_is_books(a) for a in answers):
+        try:
+            progress_record.mark(name)
+        except progress_record.RecordError as err:
+            print(f"(your pass was not recorded: {err})", file=sys.stderr)
+
+
 def _guarded(gate: Callable[..., GateResult]) -> Callable[..., GateResult]:
     """The gate, kept to its promise: it returns a :class:`GateResult` within :data:`GATE_SECONDS`,
     whatever it is given (an answer whose ``__bool__``, ``__iter__`` or ``__float__`` raises, a
-    number too large for a float, a function that never returns)."""
+    number too large for a float, a function that never returns). An answer that is still its
+    skeleton is told what to write first; a pass on the reader's own answer goes into their record,
+    unless the call says ``record=False`` (the book's solution to a find-out question)."""
     name = gate.__name__.removeprefix("check_")
 
     @functools.wraps(gate)
-    def run(*args, **kwargs) -> GateResult:
+    def run(*args, record: bool = True, **kwargs) -> GateResult:
         try:
             with _time_limit(GATE_SECONDS):
                 result = gate(*args, **kwargs)
@@ -1370,14 +1611,52 @@ def _guarded(gate: Callable[..., GateResult]) -> Callable[..., GateResult]:
             return GateResult(name, [f"the check stopped after {GATE_SECONDS} s: does your function loop forever, "
                                      "or return something whose comparison never ends?"], cases=1)
         except Exception as err:  # noqa: BLE001 - the promise: a report, never a crash
-            return GateResult(name, [f"your answer could not be checked: {type(err).__name__}: {err}"], cases=1)
-        return result if isinstance(result, GateResult) else GateResult(name, ["the gate returned no report"], 1)
+            result = GateResult(name, [f"your answer could not be checked: {type(err).__name__}: {err}"], cases=1)
+        if not isinstance(result, GateResult):
+            return GateResult(name, ["the gate returned no report"], 1)
+        if result.failures and all("NotImplementedError" in f for f in result.failures):
+            result.first = FIRST.get(name, FIRST_OTHERWISE)
+        _remember(args, result, name, record)
+        return result
 
     return run
 
 
 for _gate in GATES:
     globals()[_gate] = _guarded(globals()[_gate])
+
+
+def yours(name: str, mine, book):
+    """``mine`` if it passed its gate in this session, else ``book`` (the book's solution), with
+    one line that says which the cells below run: the notebook goes on with the reader's code as
+    soon as it passes, and with the book's, visibly, until then."""
+    if mine in _PASSED:
+        print(f"Your {name} passed its gate: the cells below run yours.")
+        return mine
+    state = "is still the skeleton" if mine in _SKELETONS else "has not passed its gate yet"
+    print(f"Your {name} {state}: the cells below run the book's, until yours passes.")
+    return book
+
+
+def progress(module: int | None = None) -> str:
+    """The gates of ``module`` (or of every module) the reader has passed, from their record."""
+    try:
+        passed = progress_record.load()
+    except progress_record.RecordError as err:
+        return str(err)
+    modules = sorted({m for m, _ in GATES.values()}) if module is None else [module]
+    lines = []
+    for m in modules:
+        if m not in SKELETON_MODULES:
+            lines.append(f"Module {m}: not recorded yet (its solutions still replace your functions when run)")
+            continue
+        gates = [g.removeprefix("check_") for g, (n, _) in GATES.items() if n == m]
+        done = [g for g in gates if g in passed]
+        todo = [g for g in gates if g not in passed]
+        head = f"Module {m}: {len(done)} of {len(gates)} gates passed"
+        lines.append(head + (f" ({', '.join(done)})" if done else "") + (f"; not yet: {', '.join(todo)}"
+                                                                            if todo else "; all done"))
+    return "\n".join(lines)
 
 
 def describe(gate: str) -> str:

@@ -11,9 +11,9 @@ class Source:
     Notebooks store the plain text too, so nbval notices when the package code changes.
     """
 
-    def __init__(self, obj: object) -> None:
-        self.name = f"{obj.__module__}.{obj.__qualname__}"
-        self.code = inspect.getsource(obj)
+    def __init__(self, *objs: object) -> None:
+        self.name = ", ".join(f"{obj.__module__}.{obj.__qualname__}" for obj in objs)
+        self.code = "\n".join(inspect.getsource(obj) for obj in objs)
 
     def __repr__(self) -> str:
         return f"# {self.name}\n{self.code}"
@@ -27,6 +27,7 @@ class Source:
         return f"<p><code>{self.name}</code></p>{body}"
 
 
-def show_source(obj: object) -> Source:
-    """``show_source(posttrainllm.linear.mse)`` displays that function's code, highlighted."""
-    return Source(obj)
+def show_source(obj: object, *more: object) -> Source:
+    """``show_source(posttrainllm.linear.mse)`` displays that function's code, highlighted; given
+    more objects, each one's code in turn."""
+    return Source(obj, *more)
