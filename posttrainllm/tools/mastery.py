@@ -407,7 +407,7 @@ def check_backward(backward: Callable) -> GateResult:
             hint = " -- nothing started the sweep: add 1 to the output's own grad (d out / d out) first"
         elif calls == 2 and _all_close([2 * g for g in got if g is not None], want):
             hint = " -- leaves accumulate: a second call adds the same gradients again, so do not reset the leaves"
-        for name, wrong in slips.items():
+        for name, wrong in slips.items() if None not in got else ():
             variant_root, variant_leaves = build()
             with contextlib.suppress(RecursionError):
                 for _ in range(calls):
@@ -450,36 +450,92 @@ def check_top_p(top_p_distribution: Callable[[np.ndarray, float], np.ndarray]) -
     return result
 
 
-def check_merge_step(merge_step: Callable[[dict], tuple]) -> GateResult:
-    """Gate for module 6: ``merge_step(words) -> (pair, new_words)``, one step of BPE training.
+def _bpe_slip(word_counts: dict, vocab_size: int, weighted: bool = True, largest_tie: bool = False,
+              right_to_left: bool = False) -> list[tuple[int, int]]:
+    """The textbook BPE loop with one slip: unweighted counts, ties to the largest pair, or merges
+    made from the right (``"aaa"`` -> ``a, aa``). The gate's reference is the package's trainer."""
+    words = {tuple(w): n for w, n in word_counts.items()}
+    merges = []
+    for new_id in range(256, vocab_size):
+        counts: dict = {}
+        for word, n in words.items():
+            for pair in zip(word, word[1:]):  # noqa: B905 - consecutive ids
+                counts[pair] = counts.get(pair, 0) + (n if weighted else 1)
+        if not counts:
+            break
+        pair = max(counts, key=lambda p: (counts[p], p)) if largest_tie else min(counts, key=lambda p: (-counts[p], p))
+        merges.append(pair)
+        words = {_merge_from(w, pair, new_id, right_to_left): n for w, n in words.items()}
+    return merges
 
-    ``words`` maps a tuple of token ids to its count. The step finds the most frequent adjacent
-    pair (ties: the smallest pair), gives it id ``256 + number of merges so far`` — here always
-    256 — and merges it in every word, left to right without overlaps.
-    """
-    from posttrainllm.tokenizer import merge_pair, pair_counts
 
-    result = GateResult("merge_step")
+def _merge_from(word: tuple, pair: tuple, new_id: int, right_to_left: bool) -> tuple:
+    from posttrainllm.tokenizer import merge_pair
+
+    if not right_to_left:
+        return tuple(merge_pair(list(word), pair, new_id))
+    return tuple(reversed(merge_pair(list(reversed(word)), pair[::-1], new_id)))
+
+
+def _vocabulary(merges: list) -> dict[int, bytes]:
+    vocab = {i: bytes([i]) for i in range(256)}
+    for i, (a, b) in enumerate(merges):
+        vocab[256 + i] = vocab[a] + vocab[b]
+    return vocab
+
+
+def check_train_bpe(train_bpe: Callable) -> GateResult:
+    """Gate for module 6: ``train_bpe(word_counts, vocab_size) -> (merges, vocab)``, byte-pair
+    encoding trained from scratch. ``word_counts`` maps each pre-token's bytes to its count (as
+    ``bpe.count_words`` gives them). Each step counts every adjacent pair inside every pre-token,
+    weighted by its count, merges the most frequent (ties: the smallest pair) into id ``256 + step``
+    everywhere, left to right without overlaps, and stops at ``vocab_size`` or when no pair is
+    left. ``merges`` lists the pairs in order; ``vocab`` maps every id to its bytes. Reference: the
+    package's incremental trainer, on hand-made counts and on the book's stories."""
+    from collections import Counter
+
+    from posttrainllm import data
+    from posttrainllm.tokenizer import count_words, train_merges
+
+    result = GateResult("train_bpe")
     cases = [
-        ("a simple count", {(104, 105): 3, (104, 97): 1}),
-        ("counts weighted by word frequency", {(1, 2, 3): 1, (2, 3): 5, (1, 2): 2}),
-        ("a tie: the smallest pair wins", {(5, 6): 2, (3, 4): 2}),
-        ("an overlapping run: aaa merges once", {(97, 97, 97): 4, (98,): 1}),
+        ("three words", count_words("the cat the hat the mat"), 262),
+        ("counts weighted by how often a pre-token occurs", Counter({b"abc": 1, b"bc": 5, b"ab": 2}), 258),
+        ("a tie: the smallest pair wins", Counter({b"ef": 2, b"cd": 2}), 257),
+        ("runs of one letter merge from the left", Counter({b"aaaa": 3, b"aaa": 2, b"ba": 1}), 259),
+        ("fewer pairs than the vocabulary asks for: stop when none is left", Counter({b"ab": 1, b"c": 4}), 300),
+        ("accented letters, CJK and an emoji", count_words("na\u00efve caf\u00e9 \u65e5\u672c \U0001f98a " * 3), 280),
+        ("the book's stories (20,000 characters)", count_words(data.corpus(n_chars=20_000, seed=3)), 330),
     ]
-    for label, words in cases:
+    slips = {"count each pair once per occurrence of its pre-token: add the pre-token's count": {"weighted": False},
+             "on a tie, merge the smallest pair": {"largest_tie": True},
+             "merge left to right: in 'aaa' the first two letters join": {"right_to_left": True}}
+    for label, word_counts, vocab_size in cases:
         result.cases += 1
-        counts = pair_counts(words)
-        want_pair = min(counts, key=lambda p: (-counts[p], p))
-        want_words = {tuple(merge_pair(list(w), want_pair, 256)): n for w, n in words.items()}
-        got, err = _call(merge_step, dict(words))
+        want = train_merges(Counter(word_counts), vocab_size)
+        got, err = _call(train_bpe, Counter(word_counts), vocab_size)
         if err:
-            result.failures.append(f"{label}: {err}")
-        elif not (isinstance(got, tuple) and len(got) == 2):
-            result.failures.append(f"{label}: expected (pair, new_words), got {got!r}")
-        elif tuple(got[0]) != want_pair:
-            result.failures.append(f"{label}: expected to merge {want_pair}, got {got[0]}")
-        elif {tuple(k): v for k, v in got[1].items()} != want_words:
-            result.failures.append(f"{label}: merged words should be {want_words}, got {got[1]}")
+            hint = " -- stop when no pair is left" if "empty" in err and "stop" in label else ""
+            result.failures.append(f"{label}: {err}{hint}")
+            continue
+        if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict)):
+            result.failures.append(f"{label}: expected (merges, vocab), got {type(got).__name__}")
+            continue
+        merges = [tuple(m) if isinstance(m, list | tuple) else m for m in got[0]]
+        if merges != want:
+            first = next((i for i, (g, w) in enumerate(zip(merges, want)) if g != w), min(len(merges), len(want)))  # noqa: B905
+            hint = _named_slip(merges, {h: _bpe_slip(word_counts, vocab_size, **v) for h, v in slips.items()},
+                               lambda a, b: a == b)
+            result.failures.append(f"{label}: {len(merges)} merges, expected {len(want)}; the first that differs "
+                                   f"is merge {first}" + (f": {merges[first]} instead of {want[first]}"
+                                                          if first < min(len(merges), len(want)) else "") + hint)
+            continue
+        vocab = _vocabulary(want)
+        wrong = next((i for i in vocab if got[1].get(i) != vocab[i]), None)
+        if wrong is not None or len(got[1]) != len(vocab):
+            where = f"vocab[{wrong}] is {got[1].get(wrong)!r}, expected {vocab[wrong]!r}" if wrong is not None else (
+                f"{len(got[1])} ids in vocab, expected {len(vocab)}")
+            result.failures.append(f"{label}: {where} -- bytes 0-255 first, then each merge's two tokens' bytes joined")
     return result
 
 
@@ -1498,7 +1554,7 @@ GATES: dict[str, tuple[int, str]] = {
     "check_bigram_probs": (5, WRITE),
     "check_top_p": (5, WRITE),
     "check_temperature": (5, FIND),
-    "check_merge_step": (6, WRITE),
+    "check_train_bpe": (6, WRITE),
     "check_encode": (6, WRITE),
     "check_compression": (6, FIND),
     "check_attention": (7, WRITE),
@@ -1559,6 +1615,10 @@ FIRST = {
                 "1 to self.grad and run each node's _backward, from the output back to the inputs.",
     "backward_rule": "the derivative of softplus is the sigmoid, 1 / (1 + e**-x): add it, times "
                               "out.grad, into x.grad.",
+    "train_bpe": "the pair counts: for each pre-token (tuple(word) turns its bytes into ids) and its count n, add "
+                 "n to the count of every adjacent pair in it.",
+    "encode": "among the adjacent pairs of ids that are in merges, take the one with the lowest id (learned "
+              "earliest), merge it everywhere, and repeat until no pair is left.",
     "train_step": "loss = nn.batch_loss(model, X, y); then model.zero_grad(), loss.backward(), and "
                   "p.data -= lr * p.grad for each parameter; return loss.data.",
 }
@@ -1567,7 +1627,7 @@ FIRST_OTHERWISE = "replace `raise NotImplementedError` with your code; its docst
 # The modules whose exercises start from a skeleton and keep the book's answers apart, in
 # posttrainllm.solutions. Only their gates are recorded: elsewhere a solution cell still redefines
 # the reader's function under its name, so a pass there cannot be told from the reader's own.
-SKELETON_MODULES = frozenset({4})
+SKELETON_MODULES = frozenset({4, 6})
 
 # The answers that passed a gate in this process, and those still the skeleton (see :func:`yours`).
 _PASSED: weakref.WeakSet = weakref.WeakSet()

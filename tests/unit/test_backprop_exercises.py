@@ -11,16 +11,17 @@ import sys
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from posttrainllm import nn
 from posttrainllm.solutions import backprop as solutions
 from posttrainllm.tools import mastery, record
 from tests.conftest import ROOT
+from tests.exercises import exercise_cells, run_cells, run_with_answers
 
 NOTEBOOK = ROOT / "notebooks" / "04-backprop.ipynb"
 GATES = {"value": "check_value(Value)", "backward": "check_backward(backward)",
          "train_step": "check_train_step(train_step)", "backward_rule": "check_backward_rule(softplus)"}
+CALLS = {**GATES, "graph_size": "check_graph_size(nodes, loss)"}
 
 # A reader's answers, written apart from the book's (posttrainllm.autograd): the cells they type.
 READER = {
@@ -147,22 +148,8 @@ mastery.check_backward_rule(softplus)
 }
 
 
-def _exercise_cells(nb) -> dict[str, int]:
-    """The index of each exercise's own cell (not the folded answer's) in the notebook."""
-    found = {}
-    for i, cell in enumerate(nb.cells):
-        hidden = "hide-cell" in cell.metadata.get("tags", [])
-        for gate, call in {**GATES, "graph_size": "check_graph_size(nodes, loss)"}.items():
-            if cell.cell_type == "code" and not hidden and f"mastery.{call}" in cell.source:
-                found[gate] = i
-    return found
-
-
 def _run(sources: list[str], **names) -> dict:
-    namespace = {"math": math, "mastery": mastery, "nn": nn, **names}
-    for source in sources:
-        exec(compile(source, "<cell>", "exec"), namespace)  # noqa: S102 - the notebook's own cells
-    return namespace
+    return run_cells(sources, math=math, nn=nn, **names)
 
 
 def _gate(gate: str, namespace: dict) -> mastery.GateResult:
@@ -171,8 +158,8 @@ def _gate(gate: str, namespace: dict) -> mastery.GateResult:
 
 def test_every_exercise_in_the_notebook_is_a_skeleton_its_gate_calls_not_written_yet():
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    cells = _exercise_cells(nb)
-    assert set(cells) == {*GATES, "graph_size"}
+    cells = exercise_cells(nb, CALLS)
+    assert set(cells) == set(CALLS)
     namespace = _run([nb.cells[cells["value"]].source, nb.cells[cells["backward"]].source,
                       nb.cells[cells["train_step"]].source, nb.cells[cells["backward_rule"]].source])
     for gate in GATES:
@@ -347,14 +334,8 @@ def test_progress_lists_every_module_on_the_command_line():
 
 
 @pytest.mark.slow
-def test_the_notebook_runs_the_readers_code_once_it_passes(tmp_path):
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    for gate, index in _exercise_cells(nb).items():
-        nb.cells[index].source = READER[gate]
-    NotebookClient(nb, timeout=300, resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-    text = {i: "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in c.get("outputs", []))
-            for i, c in enumerate(nb.cells) if c.cell_type == "code"}
-    everything = "\n".join(text.values())
+def test_the_notebook_runs_the_readers_code_once_it_passes():
+    everything = run_with_answers(NOTEBOOK, READER, CALLS)
     for name in ("backward", "Value", "train_step"):
         assert f"Your {name} passed its gate: the cells below run yours." in everything
     assert "parameters, made of __main__.Value" in everything

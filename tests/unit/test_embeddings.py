@@ -2,8 +2,6 @@ import numpy as np
 import pytest
 
 from posttrainllm.embeddings import cosine_similarity, nearest_neighbours, sinusoidal_positions
-from posttrainllm.tokenizer import merge_pair, pair_counts
-from posttrainllm.tools import mastery
 
 
 def test_nearest_neighbours_by_cosine_and_restricted_to_candidates():
@@ -20,19 +18,3 @@ def test_sinusoidal_positions_match_the_formula_and_need_an_even_width():
     assert table[3, 0] == pytest.approx(np.sin(3)) and table[3, 3] == pytest.approx(np.cos(3 / 100))
     with pytest.raises(ValueError, match="even"):
         sinusoidal_positions(4, 3)
-
-
-def test_merge_step_gate_accepts_a_correct_step_and_catches_a_bad_tie_break():
-    def correct(words):
-        counts = pair_counts(words)
-        pair = min(counts, key=lambda p: (-counts[p], p))
-        return pair, {tuple(merge_pair(list(w), pair, 256)): n for w, n in words.items()}
-
-    def largest_on_ties(words):
-        counts = pair_counts(words)
-        pair = max(counts, key=lambda p: (counts[p], p))
-        return pair, {tuple(merge_pair(list(w), pair, 256)): n for w, n in words.items()}
-
-    assert mastery.check_merge_step(correct)
-    failures = mastery.check_merge_step(largest_on_ties).failures
-    assert failures and any("tie" in f for f in failures)

@@ -10,6 +10,7 @@ import pytest
 
 from posttrainllm.tools import mastery
 from tests.conftest import ROOT
+from tests.exercises import folded
 
 NOTEBOOKS = {int(p.name[:2]): p for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb")}
 
@@ -18,36 +19,32 @@ def _cells(module: int):
     return nbformat.read(NOTEBOOKS[module], as_version=4).cells
 
 
-def _folded(cell) -> bool:
-    return "hide-cell" in cell.metadata.get("tags", [])
-
-
 @pytest.mark.parametrize("module", sorted(mastery.SKELETON_MODULES))
-def test_each_write_it_exercise_is_a_skeleton_whose_answer_comes_after_it_folded(module):
+def test_each_write_it_exercise_is_a_skeleton_whose_answer_comes_after_itfolded(module):
     cells = [c for c in _cells(module) if c.cell_type == "code"]
     gates = [g for g, (m, kind) in mastery.GATES.items() if m == module and kind == mastery.WRITE]
     for gate in gates:
         calls = [i for i, c in enumerate(cells) if re.search(rf"\bmastery\.{gate}\(", c.source)]
-        exercise = [i for i in calls if not _folded(cells[i])]
-        answers = [i for i in calls if _folded(cells[i])]
+        exercise = [i for i in calls if not folded(cells[i])]
+        answers = [i for i in calls if folded(cells[i])]
         assert len(exercise) == 1 and answers, f"{gate}: one exercise cell and its folded answer"
         assert "raise NotImplementedError" in cells[exercise[0]].source, f"{gate}'s exercise is not a skeleton"
         assert "solutions." in cells[answers[0]].source and answers[0] > exercise[0]
         shown = [i for i, c in enumerate(cells) if "solutions." in c.source and "show_source" in c.source]
-        assert all(_folded(cells[i]) for i in shown), "an answer's source is shown unfolded"
+        assert all(folded(cells[i]) for i in shown), "an answer's source is shown unfolded"
 
 
 @pytest.mark.parametrize("module", sorted(mastery.SKELETON_MODULES))
 def test_answers_are_folded_in_jupyterlab_too_and_never_take_the_readers_names(module):
     cells = _cells(module)
-    folded = [c for c in cells if _folded(c)]
-    assert folded
-    for cell in folded:
+    answers = [c for c in cells if folded(c)]
+    assert answers
+    for cell in answers:
         assert cell.metadata.get("jupyter") == {"source_hidden": True, "outputs_hidden": True}, cell.source
         assert not re.search(r"^(def|class) \w+", cell.source, flags=re.M), f"an answer defines a name: {cell.source}"
-    reader_names = {m for c in cells if c.cell_type == "code" and not _folded(c)
+    reader_names = {m for c in cells if c.cell_type == "code" and not folded(c)
                     for m in re.findall(r"^(?:def|class) (\w+)", c.source, flags=re.M)}
-    assert not any(re.search(rf"^{name}\s*=", c.source, flags=re.M) for c in folded for name in reader_names)
+    assert not any(re.search(rf"^{name}\s*=", c.source, flags=re.M) for c in answers for name in reader_names)
 
 
 @pytest.mark.parametrize("module", sorted(mastery.SKELETON_MODULES))

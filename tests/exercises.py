@@ -1,0 +1,44 @@
+"""Helpers for the tests of a notebook's exercises: find each exercise's own cell, run cells as
+the notebook would, and run the whole notebook with a reader's answers typed in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+from posttrainllm.tools import mastery
+
+
+def folded(cell) -> bool:
+    """A cell that holds the book's answer: folded on the page and in JupyterLab."""
+    return "hide-cell" in cell.metadata.get("tags", [])
+
+
+def exercise_cells(nb, calls: dict[str, str]) -> dict[str, int]:
+    """``{name: index}`` of the unfolded cell that makes each call (``"check_encode(encode_chunk)"``)."""
+    found = {}
+    for i, cell in enumerate(nb.cells):
+        for name, call in calls.items():
+            if cell.cell_type == "code" and not folded(cell) and f"mastery.{call}" in cell.source:
+                found[name] = i
+    return found
+
+
+def run_cells(sources: list[str], **names) -> dict:
+    """Execute cell sources in order in one namespace holding ``mastery`` and ``names``."""
+    namespace = {"mastery": mastery, **names}
+    for source in sources:
+        exec(compile(source, "<cell>", "exec"), namespace)  # noqa: S102 - the notebook's or a reader's cells
+    return namespace
+
+
+def run_with_answers(path: Path, answers: dict[str, str], calls: dict[str, str]) -> str:
+    """Run the notebook with each exercise cell replaced by the reader's answer; all its text output."""
+    nb = nbformat.read(path, as_version=4)
+    for name, index in exercise_cells(nb, calls).items():
+        nb.cells[index].source = answers[name]
+    NotebookClient(nb, timeout=300, resources={"metadata": {"path": str(path.parent)}}).execute()
+    return "\n".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                     for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
