@@ -14,6 +14,7 @@ the loss is log 2.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,19 +40,37 @@ def _rows(tokenizer: Tokenizer, pairs: list[Pair], responses: str, block_size: i
     return torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
 
 
-def sequence_logprob(model: GPT, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Sum of the log-probabilities of each row's response tokens (targets not ``IGNORE``)."""
-    logp = log_probs(model(inputs))
+def response_logprob(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each row's sum of the log-probabilities of its response tokens (the targets that are not
+    ``IGNORE``), from logits of shape ``(rows, T, vocab)`` and targets of shape ``(rows, T)``."""
+    logp = log_probs(logits)
     mask = targets != IGNORE
     picked = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     return (picked * mask).sum(-1)
 
 
+def sequence_logprob(model: GPT, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """:func:`response_logprob` of the model's logits for ``inputs``."""
+    return response_logprob(model(inputs), targets)
+
+
+def dpo_margin(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+               ref_rejected: torch.Tensor, beta: float = 0.1) -> torch.Tensor:
+    """Each pair's implicit reward margin: beta times the chosen log-ratio minus the rejected one."""
+    return beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))
+
+
+def dpo_objective(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+                  ref_rejected: torch.Tensor, beta: float = 0.1) -> torch.Tensor:
+    """The mean DPO loss, ``-log sigmoid(margin)`` over the pairs (Rafailov et al., 2023)."""
+    return -F.logsigmoid(dpo_margin(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)).mean()
+
+
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
              ref_rejected: torch.Tensor, beta: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
     """``(mean loss, per-pair implicit reward margins)`` from sequence log-probabilities."""
-    margin = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))
-    return -F.logsigmoid(margin).mean(), margin.detach()
+    args = (policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
+    return dpo_objective(*args), dpo_margin(*args).detach()
 
 
 def preference_accuracy(model: GPT, tokenizer: Tokenizer, pairs: list[Pair]) -> float:
@@ -65,19 +84,21 @@ def preference_accuracy(model: GPT, tokenizer: Tokenizer, pairs: list[Pair]) -> 
 
 def train_dpo(policy: GPT, reference: GPT, tokenizer: Tokenizer, pairs: list[Pair], steps: int,
               batch_size: int = 16, lr: float = 1e-3, beta: float = 0.1, nll_weight: float = 0.0,
-              seed: int = 0) -> dict:
+              seed: int = 0, logprob: Callable = response_logprob, objective: Callable = dpo_objective) -> dict:
     """DPO on the policy's trainable parameters; the reference stays frozen. Returns the loss, the
     mean implicit reward margin and the chosen responses' mean log-probability after every step.
 
     DPO only asks chosen to beat rejected *relative to the reference*; it can get there by
     lowering both, and greedy answers then fall apart. ``nll_weight > 0`` adds that multiple of
     the chosen responses' per-token negative log-likelihood — plain SFT on the chosen answers
-    (as in RPO, Pang et al. 2024) — which keeps the right answer likely in absolute terms."""
+    (as in RPO, Pang et al. 2024) — which keeps the right answer likely in absolute terms.
+    ``logprob(logits, targets)`` and ``objective(...)`` are :func:`response_logprob` and
+    :func:`dpo_objective` unless a reader's own are given (module 9 runs DPO on the reader's)."""
     block = policy.config.block_size
     chosen, rejected = _rows(tokenizer, pairs, "chosen", block), _rows(tokenizer, pairs, "rejected", block)
     with torch.no_grad():
         reference.eval()
-        ref_c, ref_r = sequence_logprob(reference, *chosen), sequence_logprob(reference, *rejected)
+        ref_c, ref_r = logprob(reference(chosen[0]), chosen[1]), logprob(reference(rejected[0]), rejected[1])
     optimizer = AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
     history: dict = {"loss": [], "margin": [], "chosen_logp": []}
@@ -85,9 +106,10 @@ def train_dpo(policy: GPT, reference: GPT, tokenizer: Tokenizer, pairs: list[Pai
     policy.train()
     for _ in bars.steps(steps, "DPO"):
         rows = torch.randint(0, len(pairs), (batch_size,), generator=generator)
-        pol_c = sequence_logprob(policy, chosen[0][rows], chosen[1][rows])
-        pol_r = sequence_logprob(policy, rejected[0][rows], rejected[1][rows])
-        loss, margin = dpo_loss(pol_c, pol_r, ref_c[rows], ref_r[rows], beta)
+        pol_c = logprob(policy(chosen[0][rows]), chosen[1][rows])
+        pol_r = logprob(policy(rejected[0][rows]), rejected[1][rows])
+        loss = objective(pol_c, pol_r, ref_c[rows], ref_r[rows], beta)
+        margin = dpo_margin(pol_c, pol_r, ref_c[rows], ref_r[rows], beta).detach()
         if nll_weight:
             loss = loss - nll_weight * (pol_c / n_tokens[rows]).mean()
         optimizer.zero_grad(set_to_none=True)

@@ -104,10 +104,17 @@ def chat_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
 
 
 def render(tokenizer: Tokenizer, example: Example) -> tuple[list[int], list[int]]:
-    """``(inputs, targets)`` for one example; targets are ``IGNORE`` wherever the next token is
-    still part of the prompt, so only the response (and its end token) is trained."""
-    prompt = chat_ids(tokenizer, example.prompt)
-    ids = prompt + tokenizer.encode_ordinary(example.response) + [tokenizer.special_tokens[END]]
+    """``(inputs, targets)`` for one example, as :func:`render_ids` makes them from its tokens."""
+    response = tokenizer.encode_ordinary(example.response)
+    return render_ids(chat_ids(tokenizer, example.prompt), response, tokenizer.special_tokens[END])
+
+
+def render_ids(prompt: list[int], response: list[int], end: int) -> tuple[list[int], list[int]]:
+    """``(inputs, targets)`` from a prompt's ids (chat tokens included), a response's ids and the
+    end token: the inputs are prompt and response, the targets the next token at each position,
+    ``IGNORE`` wherever that token is still the prompt's, so only the response and the end token
+    are trained."""
+    ids = [*prompt, *response, end]
     targets = [IGNORE if t + 1 < len(prompt) else ids[t + 1] for t in range(len(ids) - 1)]
     return ids[:-1], targets
 

@@ -1148,6 +1148,94 @@ def check_dpo_loss(dpo_loss: Callable) -> GateResult:
     return _tensor_gate("dpo_loss", dpo_loss, cases)
 
 
+def _ids(value) -> list[int] | None:
+    """``value`` as a list of plain ints (a list, tuple, array or tensor of whole numbers), else ``None``."""
+    try:
+        ids = [plain(v) for v in value]
+    except TypeError:
+        return None
+    if not all(isinstance(i, int) or (isinstance(i, float) and i.is_integer()) for i in ids):
+        return None
+    return [int(i) for i in ids]
+
+
+def check_sft_targets(sft_targets: Callable) -> GateResult:
+    """Gate for module 9: ``sft_targets(prompt, response, end) -> (inputs, targets)``, one chat
+    example as SFT trains on it: ``prompt`` (the chat tokens included) and ``response`` are lists of
+    ids and ``end`` is the end token; the inputs are prompt and response, the targets the next token
+    at each position, ``-100`` (ignored by the loss) wherever that token is still the prompt's.
+    Reference: :func:`posttrainllm.sft.render_ids`."""
+    from posttrainllm.sft import IGNORE, render_ids
+
+    result = GateResult("sft_targets")
+    cases = [("a three-token prompt, a two-token answer", [1, 5, 2], [7, 8], 0),
+             ("a one-token answer", [1, 9, 9, 9, 2], [4], 0),
+             ("an empty answer: only the end token is trained", [1, 6, 2], [], 3),
+             ("a long prompt", [1, *range(10, 40), 2], [50, 51, 52], 0)]
+    for label, prompt, response, end in cases:
+        result.cases += 1
+        want = render_ids(prompt, response, end)
+        got, err = _call(sft_targets, list(prompt), list(response), end)
+        if err:
+            result.failures.append(f"{label}: {err}")
+            continue
+        if not (isinstance(got, tuple) and len(got) == 2):
+            result.failures.append(f"{label}: expected (inputs, targets), got {type(got).__name__}")
+            continue
+        inputs, targets = (_ids(x) for x in got)
+        if inputs is None or targets is None:
+            result.failures.append(f"{label}: inputs and targets should be lists of ids, got {got!r}")
+            continue
+        ids = [*prompt, *response, end]
+        slips = {"the targets are the inputs shifted by one: each position predicts the next token": (
+                     want[0], [IGNORE if t + 1 < len(prompt) else ids[t] for t in range(len(ids) - 1)]),
+                 "the last prompt position predicts the first answer token: train it": (
+                     want[0], [IGNORE if t < len(prompt) else ids[t + 1] for t in range(len(ids) - 1)]),
+                 "ignore the prompt's own next tokens (-100), or the model learns to write the user's part": (
+                     want[0], ids[1:]),
+                 "the inputs end before the end token: it is only ever a target": (ids, [*want[1], IGNORE])}
+        if (inputs, targets) != (list(want[0]), list(want[1])):
+            hint = _named_slip((inputs, targets), slips, lambda a, b: a[0] == list(b[0]) and a[1] == list(b[1]))
+            result.failures.append(f"{label}: inputs {inputs}, targets {targets}; expected {want[0]}, "
+                                   f"{want[1]}{hint}")
+    return result
+
+
+def check_response_logprob(response_logprob: Callable) -> GateResult:
+    """Gate for module 9: ``response_logprob(logits, targets) -> sums``, each row's summed
+    log-probability of its response tokens: ``logits`` of shape ``(rows, T, vocab)``, ``targets``
+    of shape ``(rows, T)`` with ``-100`` where a position is not trained; one number per row.
+    Reference: :func:`posttrainllm.preference.response_logprob`."""
+    from posttrainllm.preference import response_logprob as reference
+
+    def cases():
+        torch = _torch()
+        generator = torch.Generator().manual_seed(19)
+        for label, rows, t, vocab, prompt in [("two rows, the first 3 positions ignored", 2, 6, 5, 3),
+                                              ("one row, nothing ignored", 1, 4, 7, 0),
+                                              ("four rows of 8, a vocabulary of 11, half ignored", 4, 8, 11, 4)]:
+            logits = torch.randn(rows, t, vocab, generator=generator) * 3
+            targets = torch.randint(0, vocab, (rows, t), generator=generator)
+            targets[:, :prompt] = -100
+            if rows > 1:
+                targets[1, -1] = -100  # rows of unequal length
+
+            def want(logits=logits, targets=targets):
+                mask = targets != -100
+                logp = torch.log_softmax(logits, -1)
+                picked = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+                raw = logits.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+                return reference(logits, targets), {
+                    "a log-probability needs the log-softmax of the logits, not the logits": (raw * mask).sum(-1),
+                    "leave out the ignored positions (-100)": picked.sum(-1),
+                    "sum over the response tokens: a sequence's log-probability is the sum": (
+                        (picked * mask).sum(-1) / mask.sum(-1))}
+
+            yield label, (logits.clone(), targets.clone()), want
+
+    return _tensor_gate("response_logprob", response_logprob, cases)
+
+
 def check_lora_merge(merge: Callable) -> GateResult:
     """Gate for module 9: ``merge(W, A, B, alpha, r) -> W_merged``, folding a LoRA adapter into its
     frozen weight so that ``x W_merged^T + b`` gives exactly the LoRA layer's output
@@ -1567,8 +1655,10 @@ GATES: dict[str, tuple[int, str]] = {
     "check_adamw_update": (8, WRITE),
     "check_loss_scaling": (8, WRITE),
     "check_max_loss_scale": (8, FIND),
+    "check_sft_targets": (9, WRITE),
     "check_lora_forward": (9, WRITE),
     "check_lora_merge": (9, WRITE),
+    "check_response_logprob": (9, WRITE),
     "check_dpo_loss": (9, WRITE),
     "check_energy_rank": (9, FIND),
     "check_sae_step": (10, WRITE),
@@ -1619,6 +1709,14 @@ FIRST = {
                  "n to the count of every adjacent pair in it.",
     "encode": "among the adjacent pairs of ids that are in merges, take the one with the lowest id (learned "
               "earliest), merge it everywhere, and repeat until no pair is left.",
+    "sft_targets": "ids = prompt + response + [end]; the inputs are all of them but the last, and each target "
+                   "is the id after its position, or -100 while that id is still the prompt's.",
+    "lora_forward": "the frozen layer is x @ W.T + b; the adapter adds (alpha / r) * (x @ A.T) @ B.T.",
+    "lora_merge": "the adapter adds (alpha / r) * B @ A to W.",
+    "response_logprob": "take torch.log_softmax of the logits, pick each target's entry with gather (after "
+                        "turning -100 into a valid index), zero the ignored positions and sum each row.",
+    "dpo_loss": "the margin is beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)); the loss "
+                "is the mean of -logsigmoid(margin).",
     "train_step": "loss = nn.batch_loss(model, X, y); then model.zero_grad(), loss.backward(), and "
                   "p.data -= lr * p.grad for each parameter; return loss.data.",
 }
@@ -1627,7 +1725,7 @@ FIRST_OTHERWISE = "replace `raise NotImplementedError` with your code; its docst
 # The modules whose exercises start from a skeleton and keep the book's answers apart, in
 # posttrainllm.solutions. Only their gates are recorded: elsewhere a solution cell still redefines
 # the reader's function under its name, so a pass there cannot be told from the reader's own.
-SKELETON_MODULES = frozenset({4, 6})
+SKELETON_MODULES = frozenset({4, 6, 9})
 
 # The answers that passed a gate in this process, and those still the skeleton (see :func:`yours`).
 _PASSED: weakref.WeakSet = weakref.WeakSet()
