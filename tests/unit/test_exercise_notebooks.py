@@ -54,3 +54,15 @@ def test_the_notebook_ends_with_the_modules_line_of_the_readers_record(module):
     stored = "".join(o.get("text", "") for o in code[-1].outputs)
     assert stored == mastery.progress(module) + "\n"  # this test's record is empty, as the notebook run's was
     assert stored.startswith(f"Module {module}: 0 of ")
+
+
+@pytest.mark.parametrize("module", sorted(mastery.SKELETON_MODULES))
+def test_the_curriculum_says_the_reader_builds_each_piece_the_notebook_asks_for(module):
+    text = (ROOT / "book" / "curriculum.md").read_text(encoding="utf-8")
+    section = re.search(rf"^## Module {module}:(.*?)(?=^## |\Z)", text, flags=re.M | re.S)[1]
+    you_build = section.split("**You build:**")[1].split("- **Mastery gates:**")[0]
+    assert "skeleton" in you_build
+    for gate, (m, kind) in mastery.GATES.items():
+        if m == module and kind == mastery.WRITE:
+            name = mastery.describe(gate).split("`")[1].split("(")[0]
+            assert f"`{name}" in you_build, f"module {module}'s 'You build' does not name {name} ({gate})"
