@@ -8,10 +8,12 @@ scale, and no value network is needed. The policy then maximises the PPO-style c
 current policy and the one that sampled, minus ``beta`` times a KL penalty to a frozen reference
 (the k3 estimator ``e^(ref - new) - (ref - new) - 1``, never negative).
 
-Two published variants are switches: ``clip_high`` is DAPO's clip-higher (Yu et al., 2025), a
+Published variants are switches: ``clip_high`` is DAPO's clip-higher (Yu et al., 2025), a
 wider upper clip so rare good tokens can gain probability faster; ``normalise=False`` is Dr.
 GRPO's advantage (Liu et al., 2025), without the division by the group's std, which otherwise
-makes near-unanimous groups count as much as contested ones.
+makes near-unanimous groups count as much as contested ones. How the per-token terms of a group
+become one loss is a named choice too (:func:`aggregate`): the book's default is DAPO's token-level
+mean; the GRPO paper's per-response mean and Dr. GRPO's division by a constant are the others.
 
 A group whose completions all score the same has zero advantage everywhere, so it teaches
 nothing — the tests check exactly that.
@@ -76,7 +78,12 @@ def reproducible_start(model: GPT, trainable_grid: float = 2.0**-8, frozen_grid:
 
 def group_advantages(rewards: torch.Tensor, normalise: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """Advantages for rewards of shape ``(prompts, group)``: centred on each group's mean, and
-    (by default) scaled by its standard deviation."""
+    (by default) scaled by its standard deviation.
+
+    The std is the population one (divide by the group size ``G``), the group's own spread, as
+    the GRPO paper writes it. Libraries that call ``torch.std`` get the sample std (divide by
+    ``G - 1``) instead: every advantage is then smaller by ``sqrt((G - 1) / G)`` (0.866 for
+    ``G = 4``), which weakens the policy-gradient term against the KL penalty by that factor."""
     centred = rewards - rewards.mean(-1, keepdim=True)
     return centred / (rewards.std(-1, keepdim=True, unbiased=False) + eps) if normalise else centred
 
@@ -120,24 +127,81 @@ def token_logprobs(model: GPT, prompt: list[int], completions: list[list[int]], 
     return picked, mask
 
 
+AGGREGATIONS = ("token", "sequence", "constant")
+
+
+def _checked(values: torch.Tensor, mask: torch.Tensor) -> None:
+    if values.shape != mask.shape:
+        raise ValueError(f"values of shape {tuple(values.shape)} and a mask of shape {tuple(mask.shape)}: "
+                         "one mask entry per token is needed")
+    if not mask.any():
+        raise ValueError("the mask selects no token: there is nothing to average")
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The mean of ``values`` over the entries where ``mask`` is 1: all of them, or along ``dim``
+    (where every row must keep at least one entry)."""
+    _checked(values, mask)
+    if dim is None:
+        return (values * mask).sum() / mask.sum()
+    counts = mask.sum(dim)
+    if not counts.all():
+        raise ValueError(f"a row of the mask selects no token along dim {dim}: an empty response has no mean")
+    return (values * mask).sum(dim) / counts
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str = "token", max_tokens: int | None = None):
+    """One number from per-token terms of shape ``(responses, T)`` over the tokens in ``mask``.
+
+    - ``"token"``: the sum over every token of the group divided by their number (DAPO, Yu et al.
+      2025): each token weighs the same, so a long response counts more than a short one.
+    - ``"sequence"``: each response's mean over its own tokens, then the mean over responses (the
+      GRPO paper, Shao et al. 2024, eq. 3): each response weighs the same, so a token of a short
+      response counts more than one of a long response.
+    - ``"constant"``: the sum divided by ``responses * max_tokens``, a constant that does not depend
+      on the lengths (Dr. GRPO, Liu et al. 2025), so no length is rewarded by the averaging itself.
+    """
+    if how == "token":
+        return masked_mean(per_token, mask)
+    if how == "sequence":
+        return masked_mean(per_token, mask, dim=-1).mean()
+    if how == "constant":
+        if not max_tokens or max_tokens < per_token.shape[-1]:
+            raise ValueError(f"the constant aggregation divides by the generation budget: give max_tokens >= "
+                             f"{per_token.shape[-1]}, the longest response here, got {max_tokens!r}")
+        _checked(per_token, mask)
+        return (per_token * mask).sum() / (per_token.shape[0] * max_tokens)
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {how!r}")
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """The entropy in nats of the next-token distribution at each position, shape ``logits.shape[:-1]``."""
+    logp = torch.log_softmax(logits, -1)
+    return -(logp.exp() * logp).sum(-1)
+
+
 def grpo_loss(new: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor,
-              clip: float = 0.2, clip_high: float | None = None, kl_coef: float = 0.04):
+              clip: float = 0.2, clip_high: float | None = None, kl_coef: float = 0.04, aggregation: str = "token",
+              max_tokens: int | None = None):
     """``(loss, mean KL)`` over the completion tokens in ``mask``; ``advantages`` has one value per
-    completion (shape ``(n,)``)."""
+    completion (shape ``(n,)``); :func:`aggregate` says how the tokens' terms become one loss."""
     ratio = torch.exp(new - old)
     a = advantages[:, None]
     objective = torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip, 1 + (clip_high or clip)) * a)
     kl = torch.exp(ref - new) - (ref - new) - 1
-    total = mask.sum().clamp(min=1)
-    return -((objective - kl_coef * kl) * mask).sum() / total, (kl * mask).sum().detach() / total
+    return -aggregate(objective - kl_coef * kl, mask, aggregation, max_tokens), masked_mean(kl, mask).detach()
 
 
 def train_grpo(policy: GPT, reference: GPT, tokenizer: Tokenizer, prompts: list[Example], reward: Reward,
                steps: int, prompts_per_step: int = 8, group_size: int = 8, lr: float = 1e-3, kl_coef: float = 0.04,
                clip: float = 0.2, clip_high: float | None = None, normalise: bool = True, updates_per_batch: int = 2,
-               temperature: float = 1.0, max_tokens: int = 12, seed: int = 0, track: Reward | None = None) -> dict:
+               temperature: float = 1.0, max_tokens: int = 12, seed: int = 0, track: Reward | None = None,
+               aggregation: str = "token") -> dict:
     """GRPO on the policy's trainable parameters. Returns per-step mean reward, mean KL to the
-    reference, and the mean of ``track`` (e.g. true correctness when training on a proxy)."""
+    reference, and the mean of ``track`` (e.g. true correctness when training on a proxy).
+    ``aggregation`` is :func:`aggregate`'s choice (``"constant"`` divides by ``max_tokens``)."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     pad = tokenizer.special_tokens[END]
     optimizer = AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
@@ -162,7 +226,7 @@ def train_grpo(policy: GPT, reference: GPT, tokenizer: Tokenizer, prompts: list[
             losses, kls = [], []
             for (example, groups, _, _), old, ref, adv in zip(batch, olds, refs, advantages, strict=True):
                 new, mask = token_logprobs(policy, chat_ids(tokenizer, example.prompt), groups, pad)
-                loss, kl = grpo_loss(new, old, ref, mask, adv, clip, clip_high, kl_coef)
+                loss, kl = grpo_loss(new, old, ref, mask, adv, clip, clip_high, kl_coef, aggregation, max_tokens)
                 losses.append(loss)
                 kls.append(kl)
             optimizer.zero_grad(set_to_none=True)

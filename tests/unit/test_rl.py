@@ -80,3 +80,78 @@ def test_a_reproducible_start_rounds_away_differences_far_below_its_grid(policy)
         assert q.dtype == torch.float64 and p.dtype == torch.float32  # a copy; the model is untouched
         assert torch.equal(torch.round(q / grid) * grid, q), name
         assert (q - p.double()).abs().max() <= grid / 2, name
+
+
+# --- the aggregation is a named choice -----------------------------------------------------------
+
+UNEQUAL = torch.tensor([[1.0, 2.0, 3.0, 4.0], [10.0, 0.0, 0.0, 0.0]])  # a 4-token and a 1-token response
+UNEQUAL_MASK = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+
+
+def test_the_three_aggregations_weigh_long_and_short_responses_as_their_papers_say():
+    token = rl.aggregate(UNEQUAL, UNEQUAL_MASK, "token")
+    sequence = rl.aggregate(UNEQUAL, UNEQUAL_MASK, "sequence")
+    constant = rl.aggregate(UNEQUAL, UNEQUAL_MASK, "constant", max_tokens=8)
+    assert token.item() == pytest.approx((1 + 2 + 3 + 4 + 10) / 5)  # every token the same weight
+    assert sequence.item() == pytest.approx((2.5 + 10) / 2)  # every response the same weight
+    assert constant.item() == pytest.approx(20 / (2 * 8))  # a constant that no length moves
+    # with equal lengths the first two agree, and the third is the same up to the fixed factor
+    equal = torch.ones_like(UNEQUAL_MASK)
+    assert rl.aggregate(UNEQUAL, equal, "token") == pytest.approx(rl.aggregate(UNEQUAL, equal, "sequence").item())
+    assert rl.aggregate(UNEQUAL, equal, "constant", 4) == pytest.approx(rl.aggregate(UNEQUAL, equal, "token").item())
+
+
+def test_a_short_responses_tokens_weigh_more_under_the_per_response_mean():
+    weights = {}
+    for how in rl.AGGREGATIONS:
+        values = UNEQUAL.clone().requires_grad_(True)
+        rl.aggregate(values, UNEQUAL_MASK, how, max_tokens=8).backward()
+        weights[how] = (values.grad[0, 0].item(), values.grad[1, 0].item())  # a long and a short response's token
+    assert weights["token"] == pytest.approx((1 / 5, 1 / 5))
+    assert weights["sequence"] == pytest.approx((1 / 8, 1 / 2))
+    assert weights["constant"] == pytest.approx((1 / 16, 1 / 16))
+
+
+def test_the_default_aggregation_is_the_token_mean_the_books_models_were_trained_with(tok, policy):
+    prompt = sft.chat_ids(tok, "Who lost a map?")
+    groups = rl.sample_group(policy, tok, "Who lost a map?", 4, 6, 1.0, torch.Generator().manual_seed(3))
+    new, mask = rl.token_logprobs(policy, prompt, groups, tok.special_tokens[sft.END])
+    old, ref, adv = new.detach() - 0.05, new.detach() + 0.1, torch.tensor([1.0, -0.5, 0.2, -0.7])
+    loss, kl = rl.grpo_loss(new, old, ref, mask, adv)
+    ratio = torch.exp(new - old)
+    objective = torch.minimum(ratio * adv[:, None], torch.clamp(ratio, 0.8, 1.2) * adv[:, None])
+    k3 = torch.exp(ref - new) - (ref - new) - 1
+    assert torch.equal(loss, -((objective - 0.04 * k3) * mask).sum() / mask.sum())
+    assert torch.equal(kl, (k3 * mask).sum().detach() / mask.sum())
+    assert rl.grpo_loss(new, old, ref, mask, adv, aggregation="sequence")[0] != loss
+
+
+@pytest.mark.parametrize(("values", "mask", "how", "max_tokens", "message"), [
+    (UNEQUAL, UNEQUAL_MASK[:, :3], "token", None, r"values of shape \(2, 4\) and a mask of shape \(2, 3\)"),
+    (UNEQUAL, torch.zeros_like(UNEQUAL_MASK), "token", None, "the mask selects no token"),
+    (UNEQUAL, torch.tensor([[1.0, 1, 0, 0], [0, 0, 0, 0]]), "sequence", None, "an empty response has no mean"),
+    (UNEQUAL, UNEQUAL_MASK, "constant", None, "give max_tokens >= 4"),
+    (UNEQUAL, UNEQUAL_MASK, "constant", 3, "give max_tokens >= 4"),
+    (UNEQUAL, UNEQUAL_MASK, "mean", None, "aggregation must be one of"),
+])
+def test_bad_aggregation_input_is_named(values, mask, how, max_tokens, message):
+    with pytest.raises(ValueError, match=message):
+        rl.aggregate(values, mask, how, max_tokens)
+
+
+def test_train_grpo_refuses_an_unknown_aggregation_before_sampling(tok, policy):
+    with pytest.raises(ValueError, match="aggregation must be one of"):
+        rl.train_grpo(policy, policy, tok, sft.examples("questions", 2), rl.composite, steps=1, aggregation="dapo")
+
+
+def test_population_std_is_the_groups_own_spread():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    population = rl.group_advantages(rewards, eps=0.0)
+    sample = (rewards - rewards.mean()) / rewards.std()  # torch's default: divide by G - 1
+    assert torch.allclose(sample / population, torch.full((1, 4), (3 / 4) ** 0.5))
+
+
+def test_token_entropy_is_log_vocab_for_uniform_logits_and_zero_for_a_certain_one():
+    logits = torch.stack([torch.zeros(5), torch.tensor([0.0, 0.0, 1e4, 0.0, 0.0])])
+    entropy = rl.token_entropy(logits)
+    assert entropy[0].item() == pytest.approx(torch.log(torch.tensor(5.0)).item()) and entropy[1].item() == 0.0
