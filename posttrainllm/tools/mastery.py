@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from posttrainllm import linear
 from posttrainllm.tools import record as progress_record
 
 
@@ -103,6 +102,8 @@ def _number(value) -> float | None:
 
 def check_fit_line(fit_line: Callable[[np.ndarray, np.ndarray], tuple[float, float]]) -> GateResult:
     """Gate for module 1: ``fit_line(x, y) -> (w, b)``, the least-squares line in closed form."""
+    from posttrainllm import linear
+
     result = GateResult("fit_line")
     noisy = linear.make_line_data(n=30, slope=1.5, intercept=0.5, seed=11)
     falling = linear.make_line_data(n=25, slope=-0.5, intercept=4.0, noise=0.3, seed=12)
@@ -129,6 +130,8 @@ def check_fit_line(fit_line: Callable[[np.ndarray, np.ndarray], tuple[float, flo
 
 def check_numerical_gradient(numerical_gradient: Callable) -> GateResult:
     """Gate for module 2: ``numerical_gradient(f, theta) -> array``, by central differences."""
+    from posttrainllm import linear
+
     result = GateResult("numerical_gradient")
     x, y = linear.make_line_data(n=20, seed=21)
     cases = [
@@ -1365,6 +1368,8 @@ def check_mse_grad(mse_grad: Callable) -> GateResult:
     """Gate for module 1: ``mse_grad(theta, x, y) -> [dL/dw, dL/db]``, the gradient of the mean
     squared error of the line ``w x + b`` (``theta = [w, b]``) by the chain rule. Reference:
     :func:`posttrainllm.linear.mse_grad`."""
+    from posttrainllm import linear
+
     result = GateResult("mse_grad")
     x, y = linear.make_line_data(n=20, slope=2.0, intercept=-1.0, seed=21)
     for label, theta, xs, ys in [("a line below the data", np.array([0.5, 0.3]), x, y),
@@ -1499,6 +1504,8 @@ def _find_out(name: str, answer, truth: float, rtol: float, what: str, how: str)
 def check_lowest_loss(answer: float, x: np.ndarray, y: np.ndarray) -> GateResult:
     """Gate for module 1 (find out): the lowest mean squared error any line reaches on the points
     ``x, y``: no choice of ``w`` and ``b`` does better, however long you search."""
+    from posttrainllm import linear
+
     best = linear.mse(linear.predict(linear.fit_closed_form(x, y), x), y)
     return _find_out("lowest_loss", answer, best, 0.005, "the lowest loss of a line on these points",
                      "search w and b, or use the closed form, and print the loss there")
@@ -1508,6 +1515,7 @@ def check_divergence_lr(answer: float, x: np.ndarray, momentum: float = 0.0) -> 
     """Gate for module 2 (find out): the learning rate above which gradient descent with heavy-ball
     ``momentum`` diverges on the mean squared error of a line through ``x``. The gate's reference is
     the theory, ``2 (1 + momentum) / largest curvature``; you find it by trying rates."""
+    from posttrainllm import linear
     from posttrainllm.gradient_descent import max_stable_lr
 
     return _find_out("divergence_lr", answer, (1 + momentum) * max_stable_lr(linear.mse_hessian(x)), 0.02,
