@@ -65,10 +65,29 @@ def _sources(root: Path) -> dict[str, str]:
             for p in (root / "posttrainllm").rglob("*.py")}
 
 
+def _imported(code: str) -> set[str]:
+    """What ``code``'s statements import from the package, as :func:`modules_used` names it; a
+    docstring or comment that mentions ``posttrainllm.x`` is not a use. Code that does not parse
+    (a cell magic) is read as text."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return modules_used(code)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "posttrainllm":
+            names.add(f"posttrainllm.{node.attr}")
+    return {n.removeprefix("posttrainllm.") for n in names if n.startswith("posttrainllm.")}
+
+
 def _uses(code: str, modules: set[str]) -> set[str]:
     """The package modules ``code`` uses; ``from posttrainllm.tools.x import y`` names ``tools.x``."""
     used = set()
-    for name in modules_used(code):
+    for name in _imported(code):
         while name and name not in modules:  # posttrainllm.tools.x.y (an attribute) -> tools.x
             name = name.rpartition(".")[0]
         if name:

@@ -33,6 +33,13 @@ def test_a_gate_ties_a_notebook_to_the_module_it_checks_not_to_every_gate_s_modu
     assert "speculative" in closure(code, _sources(ROOT))
 
 
+def test_a_module_named_in_a_docstring_or_comment_is_not_a_use():
+    code = '"""``show_source(posttrainllm.linear.mse)``"""\n# see posttrainllm.sae\nimport posttrainllm.nn\n'
+    used = closure(code, _sources(ROOT))
+    assert "nn" in used and not {"linear", "sae"} & used
+    assert picked(NOTEBOOKS, ["posttrainllm/linear.py"]) == ["01-from-a-line", "02-gradient-descent", "04-backprop"]
+
+
 def test_a_notebook_selects_itself_and_the_tests_that_read_notebooks():
     assert picked(NOTEBOOKS, ["notebooks/03-tensors.ipynb"]) == ["03-tensors"]
     tests = picked(TESTS, ["notebooks/03-tensors.ipynb"])
