@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
-from posttrainllm.tokenizer import Pair
+Pair = tuple[int, int]  # a merge: (left id, right id)
 
 
 class RankTable(NamedTuple):

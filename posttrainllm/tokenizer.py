@@ -37,6 +37,7 @@ from itertools import chain, pairwise
 from pathlib import Path
 
 from posttrainllm import atomic
+from posttrainllm.bpe_ranks import Pair, merges_from_ranks
 
 try:
     import regex
@@ -55,8 +56,6 @@ FORMAT_V1 = "posttrainllm-bpe v1"  # v2 without the closing checksum line; still
 # What the regex module's \s matches (Unicode's White_Space property). The standard library's \s
 # also matches U+001C-U+001F, so it is spelled out rather than borrowed.
 _WHITE_SPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-
-Pair = tuple[int, int]
 
 
 def to_bytes(text: str) -> bytes:
@@ -470,8 +469,6 @@ class Tokenizer:
     ) -> Tokenizer:
         """The tokenizer of a tiktoken rank table (``{token bytes: id}``): merges rebuilt from the
         ranks (:func:`posttrainllm.bpe_ranks.merges_from_ranks`), the bytes' ids kept as they are."""
-        from posttrainllm.bpe_ranks import merges_from_ranks
-
         merges, byte_ids = merges_from_ranks(ranks)
         return cls(merges, pattern, special_tokens, byte_ids, n_vocab)
 

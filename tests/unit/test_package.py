@@ -141,3 +141,27 @@ def test_ci_tests_the_pinned_versions():
                  for d in metadata.distributions(path=site)}
     differ = {n: (v, installed.get(n)) for n, v in _pins().items() if installed.get(n) != v}
     assert differ == {}, f"pinned vs installed: {differ}"
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """Imports inside functions included: a loop is a loop, however late it closes."""
+    from posttrainllm.tools.affected import _sources, _uses
+
+    sources = _sources(ROOT)
+    graph = {name: _uses(code, set(sources)) - {name} for name, code in sources.items()}
+
+    def loop_from(start: str) -> list[str] | None:
+        paths = [[start]]
+        seen = set()
+        while paths:
+            path = paths.pop()
+            for used in sorted(graph[path[-1]]):
+                if used == start:
+                    return [*path, start]
+                if used not in seen:
+                    seen.add(used)
+                    paths.append([*path, used])
+        return None
+
+    loops = {" -> ".join(loop) for name in graph if (loop := loop_from(name))}
+    assert not loops, f"import loops: {sorted(loops)}"
