@@ -105,8 +105,10 @@ test: install vendor
 	$(BIN)/ruff check .
 	# the shared models first, so the notebooks' timings are a reader's second run, not the one-off training
 	$(BIN)/posttrainllm models
-	# unit tests two at a time: most of them run on one core
-	$(BIN)/python -m pytest tests/unit tests/wasm -n 2 $(DURATIONS)
+	# unit tests two at a time: most of them run on one core; those that run a whole notebook go alone
+	# (a notebook's kernel pins PyTorch to two threads, and two such side by side slow each other many times over)
+	$(BIN)/python -m pytest tests/unit tests/wasm -n 2 -m "not serial" $(DURATIONS)
+	$(BIN)/python -m pytest tests/unit -m serial $(DURATIONS)
 	# the notebooks one at a time: each pins PyTorch to two threads (the same sums on every machine), so two
 	# side by side would fight over two cores, and their times are what a reader's two cores give
 	rm -f $(NBVAL_TIMES)

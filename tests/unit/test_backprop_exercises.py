@@ -334,6 +334,7 @@ def test_progress_lists_every_module_on_the_command_line():
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_the_notebook_runs_the_readers_code_once_it_passes():
     everything = run_with_answers(NOTEBOOK, READER, CALLS)
     for name in ("backward", "Value", "train_step"):

@@ -148,6 +148,7 @@ def test_the_packages_pieces_are_what_sft_and_dpo_train_with():
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_the_notebook_goes_on_with_the_readers_code_once_it_passes():
     everything = run_with_answers(NOTEBOOK, READER, CALLS)
     for name in ("sft_targets", "lora_forward", "response_logprob", "dpo_loss", "merge"):

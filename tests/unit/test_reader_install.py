@@ -60,6 +60,7 @@ def test_the_reader_extra_brings_what_the_notebooks_import():
 
 @pytest.mark.parametrize("notebook", ["05-language-models.ipynb", "06-tokenization.ipynb"])
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_notebook_runs_with_only_the_reader_install(tmp_path, monkeypatch, notebook):
     """The kernel runs in a new venv that sees only the reader's distributions (and this checkout's
     package), so an import of anything else fails there as on the reader's machine."""

@@ -153,6 +153,7 @@ def test_the_gates_reference_is_the_packages_fast_trainer_and_not_the_readers_lo
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_the_notebook_trains_and_encodes_with_the_readers_code_once_it_passes():
     everything = run_with_answers(NOTEBOOK, READER, CALLS)
     for name in ("train_bpe", "encode_chunk"):
