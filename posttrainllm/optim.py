@@ -109,6 +109,36 @@ class AdamW(torch.optim.Optimizer):
         return loss
 
 
+class NumpyAdamW(AdamW):
+    """AdamW whose arithmetic is a numpy function of one parameter's arrays,
+    ``update(w, g, m, v, t, lr, betas, eps, weight_decay) -> (w, m, v)``: by default
+    :func:`adamw_update`, and in module 8 the reader's own, which then trains a GPT. It copies
+    each parameter to numpy and back, so it is for CPU tensors and small models."""
+
+    def __init__(self, params, update=adamw_update, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01):
+        super().__init__(params, lr, betas, eps, weight_decay)
+        self.update = update
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None if closure is None else closure()
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                if not state:
+                    state.update(step=0, m=np.zeros(param.shape), v=np.zeros(param.shape))
+                state["step"] += 1
+                w, m, v = self.update(param.numpy(force=True).copy(), param.grad.numpy(force=True).copy(),
+                                      state["m"], state["v"], state["step"], group["lr"], group["betas"],
+                                      group["eps"], group["weight_decay"])
+                state["m"], state["v"] = np.asarray(m, dtype=float), np.asarray(v, dtype=float)
+                param.copy_(torch.as_tensor(np.asarray(w), dtype=param.dtype))
+        return loss
+
+
 class Adam(AdamW):
     """Adam; its ``weight_decay`` is the L2 kind, added to the gradient (default 0)."""
 

@@ -79,20 +79,37 @@ def train(
         for step in steps_iter:
             if lr_schedule is not None:
                 set_lr(optimizer, lr_schedule(step))
-            x, y = get_batch(train_ids, batch_size, model.config.block_size, device, generator=generator)
-            _, loss = model(x, y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if max_grad_norm is not None:
-                history["grad_norm"].append(clip_grad_norm(model.parameters(), max_grad_norm))
-            optimizer.step()
-            history["train"].append(loss.item())
+            batch = get_batch(train_ids, batch_size, model.config.block_size, device, generator=generator)
+            loss, norm = accumulated_step(model, [batch], optimizer, max_grad_norm)
+            if norm is not None:
+                history["grad_norm"].append(norm)
+            history["train"].append(loss)
             history["lr"].append(optimizer.param_groups[0]["lr"])
             if val_ids is not None and eval_every and (step + 1) % eval_every == 0:
                 history["val"].append((step + 1, evaluate(model, val_ids, device=device)))
             if callback is not None:
                 callback(step, history)
     return history
+
+
+def accumulated_step(model: GPT, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+                     optimizer: torch.optim.Optimizer, max_norm: float | None = None) -> tuple[float, float | None]:
+    """One optimizer step on the gradient of several micro-batches ``(x, y)`` taken together.
+
+    Each micro-batch's loss is divided by their number before its backward pass, so the gradients
+    that ``backward`` adds up are those of the mean loss over all their rows (for micro-batches of
+    one size): a batch too large for memory, in pieces. Then the gradients' global norm is clipped
+    to ``max_norm`` (when given), and the optimizer steps. Returns the mean loss and the norm
+    before clipping (``None`` without clipping)."""
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for x, y in micro_batches:
+        _, loss = model(x, y)
+        (loss / len(micro_batches)).backward()
+        total += loss.item()
+    norm = clip_grad_norm(model.parameters(), max_norm) if max_norm is not None else None
+    optimizer.step()
+    return total / len(micro_batches), norm
 
 
 @torch.no_grad()

@@ -34,11 +34,15 @@ def run_cells(sources: list[str], **names) -> dict:
     return namespace
 
 
-def run_with_answers(path: Path, answers: dict[str, str], calls: dict[str, str]) -> str:
-    """Run the notebook with each exercise cell replaced by the reader's answer; all its text output."""
+def run_with_answers(path: Path, answers: dict[str, str], calls: dict[str, str], until: str | None = None) -> str:
+    """Run the notebook with each exercise cell replaced by the reader's answer; all its text output.
+    With ``until``, the run stops before the first cell whose source holds it (the cells past the
+    last that uses the reader's code, which the notebook's own nbval run covers)."""
     nb = nbformat.read(path, as_version=4)
     for name, index in exercise_cells(nb, calls).items():
         nb.cells[index].source = answers[name]
+    if until is not None:
+        nb.cells = nb.cells[:next(i for i, c in enumerate(nb.cells) if until in c.source)]
     NotebookClient(nb, timeout=300, resources={"metadata": {"path": str(path.parent)}}).execute()
     return "\n".join(o.get("text", "") + o.get("data", {}).get("text/plain", "")
                      for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))

@@ -581,7 +581,7 @@ def check_online_softmax_update(update: Callable[[float, float, float], tuple[fl
 
 
 def check_adamw_update(update: Callable) -> GateResult:
-    """Gate for module 8: ``update(w, g, m, v, t, lr, betas, eps, weight_decay) -> (w, m, v)``,
+    """Gate for module 8: ``adamw_update(w, g, m, v, t, lr, betas, eps, weight_decay) -> (w, m, v)``,
     one AdamW step, compared with ``torch.optim.AdamW`` run on the same gradients.
 
     The cases separate the usual slips: no bias correction (wrong on the first steps), weight
@@ -619,6 +619,165 @@ def check_adamw_update(update: Callable) -> GateResult:
         elif not np.allclose(w, want, rtol=0, atol=1e-9):
             result.failures.append(f"{label}: weights {_fmt(w)}, expected {_fmt(want)}")
     return result
+
+
+def _schedule_slip(step: int, max_lr: float, warmup: int, total: int, min_lr: float, slip: str) -> float:
+    """The warmup + cosine schedule with one usual mistake (``slip``), for the gate's hints."""
+    if step < warmup:
+        return max_lr * (step if slip == "from zero" else step + 1) / warmup
+    if step >= total:
+        return min_lr
+    progress = (step - warmup) / max(1, total - warmup)
+    if slip == "full cosine":
+        return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(2 * math.pi * progress))
+    if slip == "no floor":
+        return 0.5 * max_lr * (1 + math.cos(math.pi * progress))
+    return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def check_warmup_cosine(warmup_cosine: Callable) -> GateResult:
+    """Gate for module 8: ``warmup_cosine(step, max_lr, warmup, total, min_lr) -> lr``, the learning
+    rate at ``step`` (counted from 0): a linear warmup to ``max_lr`` that reaches it at step
+    ``warmup - 1``, a half cosine down to ``min_lr`` at step ``total``, and ``min_lr`` after. Every
+    step of four schedules is compared with :func:`posttrainllm.optim.warmup_cosine`."""
+    from posttrainllm.optim import warmup_cosine as reference
+
+    result = GateResult("warmup_cosine")
+    slips = {"from zero": "the warmup's first step already trains: step 0 is max_lr / warmup, step warmup - 1 "
+                          "is max_lr",
+             "full cosine": "half a cosine period: cos(pi * progress), which falls from max_lr to min_lr once",
+             "no floor": "the cosine falls to min_lr, not to 0: min_lr + (max_lr - min_lr) * ..."}
+    for label, max_lr, warmup, total, min_lr in [("warmup 10 of 100 steps, down to 1e-4", 3e-3, 10, 100, 1e-4),
+                                                 ("no floor (min_lr 0)", 1.0, 4, 20, 0.0),
+                                                 ("a one-step warmup", 0.5, 1, 8, 0.05),
+                                                 ("steps past the end stay at the floor", 2e-2, 5, 30, 2e-3)]:
+        result.cases += 1
+        steps = range(total + 5)
+        want = [reference(t, max_lr, warmup, total, min_lr) for t in steps]
+        got = []
+        for t in steps:
+            value, err = _call(warmup_cosine, t, max_lr, warmup, total, min_lr)
+            if err or _number(value) is None:
+                got = None
+                result.failures.append(f"{label}, step {t}: {err or f'expected a number, got {value!r}'}")
+                break
+            got.append(_number(value))
+        if got is None or np.allclose(got, want, rtol=1e-9, atol=1e-15):
+            continue
+        first = next(t for t in steps if not math.isclose(got[t], want[t], rel_tol=1e-9, abs_tol=1e-15))
+        hint = _named_slip(got, {h: [_schedule_slip(t, max_lr, warmup, total, min_lr, slip) for t in steps]
+                                 for slip, h in slips.items()}, lambda a, b: np.allclose(a, b, rtol=1e-9, atol=1e-15))
+        result.failures.append(f"{label}: step {first} gives {got[first]:.6g}, expected {want[first]:.6g}{hint}")
+    return result
+
+
+def _scalar(value) -> float | None:
+    """A plain number, or a one-element tensor's (a loss or a norm still in PyTorch), as a float."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value)
+    return _number(value)
+
+
+def _accumulate_slip(model, micro_batches, optimizer, max_norm: float, slip: str) -> tuple[float, float]:
+    """One accumulated step with one usual mistake (``slip``), for the gate's hints."""
+    torch = _torch()
+    if slip != "no zero":
+        optimizer.zero_grad()
+    losses = []
+    for x, y in micro_batches:
+        if slip == "zero each":
+            optimizer.zero_grad()
+        _, loss = model(x, y)
+        (loss if slip == "no divide" else loss / len(micro_batches)).backward()
+        losses.append(loss.item())
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+    if slip == "per tensor":
+        for g in grads:
+            g.mul_(min(1.0, max_norm / (torch.linalg.vector_norm(g).item() + 1e-6)))
+    elif slip != "no clip" and norm > max_norm:
+        for g in grads:
+            g.mul_(max_norm / (norm + 1e-6))
+    optimizer.step()
+    return sum(losses) / len(losses), norm
+
+
+def check_accumulated_step(accumulated_step: Callable) -> GateResult:
+    """Gate for module 8: ``accumulated_step(model, micro_batches, optimizer, max_norm) -> (loss,
+    norm)``, one optimizer step on the gradient of all the micro-batches ``(x, y)`` together (each
+    micro-batch's loss divided by their number), the gradients' global norm clipped to
+    ``max_norm``; it returns the mean loss and the norm before clipping. A small GPT takes two such
+    steps with SGD beside :func:`posttrainllm.train.accumulated_step`."""
+    torch = _torch()
+    from posttrainllm.model import GPT, GPTConfig
+    from posttrainllm.optim import SGD
+    from posttrainllm.train import accumulated_step as reference
+
+    slips = {"no divide": "divide each micro-batch's loss by their number, so the summed gradients are those of "
+                          "the mean loss over all the rows",
+             "zero each": "zero the gradients once per step, before the first micro-batch: zeroed inside the "
+                          "loop, only the last micro-batch's gradient is left",
+             "no zero": "zero the gradients at the start of each step: backward adds into .grad, so the last "
+                        "step's gradients were still there",
+             "no clip": "clip after the last backward and before the optimizer's step, when the norm is above "
+                        "max_norm",
+             "per tensor": "clip by the global norm of all the gradients together, one scale for every tensor "
+                           "(so the step keeps its direction)"}
+    config = GPTConfig(vocab_size=11, block_size=6, n_layer=1, n_head=2, n_embd=8, seed=3)
+
+    def run(step: Callable, micro: list, max_norm: float) -> tuple[list, object, list]:
+        model = GPT(config)
+        optimizer = SGD(model.parameters(), lr=0.5)
+        outs = []
+        for batch in micro:
+            out, err = _call(step, model, [(x.clone(), y.clone()) for x, y in batch], optimizer, max_norm)
+            if err:
+                return outs, err, []
+            outs.append(out)
+        return outs, None, [p.detach().clone() for p in model.parameters()]
+
+    def run_case() -> GateResult:
+        result = GateResult("accumulated_step")
+        generator = torch.Generator().manual_seed(8)
+        for label, count, max_norm in [("one micro-batch, no clipping", 1, 1e6),
+                                       ("three micro-batches, no clipping", 3, 1e6),
+                                       ("two micro-batches, clipped to a norm of 0.05", 2, 0.05),
+                                       ("four micro-batches, clipped to 0.3", 4, 0.3)]:
+            result.cases += 1
+            rows = lambda: torch.randint(0, 11, (2, 6), generator=generator)  # noqa: E731
+            micro = [[(rows(), rows()) for _ in range(count)] for _ in range(2)]  # two steps
+            want, _, want_params = run(reference, micro, max_norm)
+            got, err, params = run(accumulated_step, micro, max_norm)
+            if err:
+                result.failures.append(f"{label}, step {len(got) + 1}: {err}")
+                continue
+            numbers = [tuple(_scalar(x) for x in o) if isinstance(o, tuple) and len(o) == 2 else (None,) for o in got]
+            if any(None in pair for pair in numbers):
+                result.failures.append(f"{label}: expected (mean loss, norm before clipping), two numbers, "
+                                       f"got {got[[None in pair for pair in numbers].index(True)]!r}")
+                continue
+            close = all((a - b).abs().max().item() <= 1e-9 for a, b in zip(params, want_params, strict=True))
+            if not close:
+                variants = {h: run(functools.partial(_accumulate_slip, slip=slip), micro, max_norm)[2]
+                            for slip, h in slips.items()}
+                hint = _named_slip(params, variants, lambda a, b: bool(b) and all(
+                    (x - y).abs().max().item() <= 1e-9 for x, y in zip(a, b, strict=True)))
+                result.failures.append(f"{label}: the weights after two steps are not the reference's{hint}")
+                continue
+            for t, ((loss, norm), (want_loss, want_norm)) in enumerate(zip(numbers, want, strict=True), start=1):
+                if not math.isclose(loss, want_loss, rel_tol=1e-9):
+                    result.failures.append(f"{label}, step {t}: loss {loss:.6f}, expected the micro-batches' mean "
+                                           f"{want_loss:.6f}")
+                    break
+                if not math.isclose(norm, want_norm, rel_tol=1e-6):
+                    hint = (" -- return the norm measured before clipping" if
+                            math.isclose(norm, min(want_norm, max_norm), rel_tol=1e-4) else "")
+                    result.failures.append(f"{label}, step {t}: norm {norm:.6f}, expected {want_norm:.6f}{hint}")
+                    break
+        return result
+
+    return _float64(run_case)
 
 
 def check_lora_forward(lora_forward: Callable) -> GateResult:
@@ -1661,6 +1820,8 @@ GATES: dict[str, tuple[int, str]] = {
     "check_flash_tile": (7, WRITE),
     "check_fa2_memory_ratio": (7, FIND),
     "check_adamw_update": (8, WRITE),
+    "check_warmup_cosine": (8, WRITE),
+    "check_accumulated_step": (8, WRITE),
     "check_loss_scaling": (8, WRITE),
     "check_max_loss_scale": (8, FIND),
     "check_sft_targets": (9, WRITE),
@@ -1725,6 +1886,13 @@ FIRST = {
                         "turning -100 into a valid index), zero the ignored positions and sum each row.",
     "dpo_loss": "the margin is beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)); the loss "
                 "is the mean of -logsigmoid(margin).",
+    "adamw_update": "shrink the weight first, w * (1 - lr * weight_decay); then m and v are running averages "
+                    "of g and of g * g, with weights b1 and b2.",
+    "warmup_cosine": "the warmup: while step < warmup, the rate is max_lr * (step + 1) / warmup.",
+    "accumulated_step": "optimizer.zero_grad() once; then for each (x, y): _, loss = model(x, y) and "
+                        "(loss / len(micro_batches)).backward().",
+    "loss_scaling": "divide every gradient by scale; if a value is not finite (np.isfinite), the step is lost: "
+                    "return (None, scale / 2, 0).",
     "train_step": "loss = nn.batch_loss(model, X, y); then model.zero_grad(), loss.backward(), and "
                   "p.data -= lr * p.grad for each parameter; return loss.data.",
 }
@@ -1733,7 +1901,7 @@ FIRST_OTHERWISE = "replace `raise NotImplementedError` with your code; its docst
 # The modules whose exercises start from a skeleton and keep the book's answers apart, in
 # posttrainllm.solutions. Only their gates are recorded: elsewhere a solution cell still redefines
 # the reader's function under its name, so a pass there cannot be told from the reader's own.
-SKELETON_MODULES = frozenset({4, 6, 9})
+SKELETON_MODULES = frozenset({4, 6, 8, 9})
 
 # The answers that passed a gate in this process, and those still the skeleton (see :func:`yours`).
 _PASSED: weakref.WeakSet = weakref.WeakSet()
