@@ -1886,6 +1886,14 @@ FIRST = {
                         "turning -100 into a valid index), zero the ignored positions and sum each row.",
     "dpo_loss": "the margin is beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)); the loss "
                 "is the mean of -logsigmoid(margin).",
+    "mse_grad": "the residual r = w * x + b - y; the derivative of r**2 is 2 * r times the derivative of r, "
+                "which is x for w and 1 for b; then take the mean over the points.",
+    "fit_line": "centre the data, dx = x - np.mean(x) and dy = y - np.mean(y); then w = mean(dx * dy) / "
+                "mean(dx * dx).",
+    "numerical_gradient": "an array of zeros shaped like theta; for each i, a copy of theta nudged by +eps and "
+                          "one by -eps along coordinate i.",
+    "momentum": "a velocity of zeros shaped like theta0, then each step v = momentum * v + grad(theta) and "
+                "theta = theta - lr * v.",
     "adamw_update": "shrink the weight first, w * (1 - lr * weight_decay); then m and v are running averages "
                     "of g and of g * g, with weights b1 and b2.",
     "warmup_cosine": "the warmup: while step < warmup, the rate is max_lr * (step + 1) / warmup.",
@@ -1901,7 +1909,7 @@ FIRST_OTHERWISE = "replace `raise NotImplementedError` with your code; its docst
 # The modules whose exercises start from a skeleton and keep the book's answers apart, in
 # posttrainllm.solutions. Only their gates are recorded: elsewhere a solution cell still redefines
 # the reader's function under its name, so a pass there cannot be told from the reader's own.
-SKELETON_MODULES = frozenset({4, 6, 8, 9})
+SKELETON_MODULES = frozenset({1, 2, 4, 6, 8, 9})
 
 # The answers that passed a gate in this process, and those still the skeleton (see :func:`yours`).
 _PASSED: weakref.WeakSet = weakref.WeakSet()

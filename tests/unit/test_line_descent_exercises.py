@@ -1,0 +1,161 @@
+"""Modules 1 and 2's exercises as a reader meets them: the skeletons in the notebooks are told they
+are not written yet, a reader's own answers pass and are recorded, the gates name their slips and
+fail a wrong answer they have no name for, and each notebook goes on with the reader's gradient
+and descent once they pass."""
+
+import nbformat
+import numpy as np
+import pytest
+
+from posttrainllm.solutions import descent, line
+from posttrainllm.tools import mastery, record
+from tests.conftest import ROOT
+from tests.exercises import exercise_cells, run_cells, run_with_answers
+
+NOTEBOOKS = {1: ROOT / "notebooks" / "01-from-a-line.ipynb", 2: ROOT / "notebooks" / "02-gradient-descent.ipynb"}
+CALLS = {1: {"mse_grad": "check_mse_grad(mse_grad)", "fit_line": "check_fit_line(fit_line)",
+             "lowest_loss": "check_lowest_loss(lowest"},
+         2: {"numerical_gradient": "check_numerical_gradient(numerical_gradient)",
+             "momentum": "check_momentum(descend)", "divergence_lr": "check_divergence_lr(limit"}}
+FUNCTIONS = {1: {"mse_grad": "mse_grad", "fit_line": "fit_line"},
+             2: {"numerical_gradient": "numerical_gradient", "momentum": "descend"}}
+SOLUTIONS = {1: line, 2: descent}
+
+# A reader's answers, written apart from the book's: the cells they type.
+READER = {
+    "mse_grad": '''
+def mse_grad(theta, x, y):
+    w, b = theta
+    error = w * x + b - y
+    return np.array([2 * np.mean(error * x), 2 * np.mean(error)])
+
+
+mastery.check_mse_grad(mse_grad)
+''',
+    "fit_line": '''
+def fit_line(x, y):
+    x_bar, y_bar = np.mean(x), np.mean(y)
+    spread = np.mean((x - x_bar) ** 2)
+    if spread == 0:
+        raise ValueError("every x is the same")
+    w = np.mean((x - x_bar) * (y - y_bar)) / spread
+    return w, y_bar - w * x_bar
+
+
+mastery.check_fit_line(fit_line)
+''',
+    "lowest_loss": '''
+w, b = fit_line(x, y)
+lowest = np.mean((w * x + b - y) ** 2)
+
+mastery.check_lowest_loss(lowest, x, y)
+''',
+    "numerical_gradient": '''
+def numerical_gradient(f, theta, eps=1e-5):
+    theta = np.asarray(theta, dtype=float)
+    out = np.empty_like(theta)
+    for i in range(theta.size):
+        up, down = theta.copy(), theta.copy()
+        up.flat[i] += eps
+        down.flat[i] -= eps
+        out.flat[i] = (f(up) - f(down)) / (2 * eps)
+    return out
+
+
+mastery.check_numerical_gradient(numerical_gradient)
+''',
+    "momentum": '''
+def descend(grad, theta0, lr, momentum, steps):
+    theta = np.asarray(theta0, dtype=float).copy()
+    v = np.zeros_like(theta)
+    for _ in range(steps):
+        v = momentum * v + grad(theta)
+        theta -= lr * v
+    return theta
+
+
+mastery.check_momentum(descend)
+''',
+    "divergence_lr": '''
+rates = lr_max * np.linspace(1.8, 2.0, 201)
+stable = [r for r in rates if np.isfinite(loss(descend(grad, start, r, 0.9, 400)))
+          and loss(descend(grad, start, r, 0.9, 400)) <= loss(start)]
+limit = max(stable)
+
+mastery.check_divergence_lr(limit, x, momentum=0.9)
+''',
+}
+
+
+def _run(sources: list[str]) -> dict:
+    return run_cells(sources, np=np)
+
+
+@pytest.mark.parametrize("module", [1, 2])
+def test_each_exercise_in_the_notebook_is_a_skeleton_its_gate_calls_not_written_yet(module):
+    nb = nbformat.read(NOTEBOOKS[module], as_version=4)
+    cells = exercise_cells(nb, CALLS[module])
+    assert set(cells) == set(CALLS[module])
+    for gate, function in FUNCTIONS[module].items():
+        namespace = _run([nb.cells[cells[gate]].source])
+        result = getattr(mastery, f"check_{gate}")(namespace[function])
+        assert not result and result.first == mastery.FIRST[gate], gate
+        stored = "".join(o.get("data", {}).get("text/plain", "") for o in nb.cells[cells[gate]].outputs)
+        assert stored == repr(result), gate
+
+
+@pytest.mark.parametrize("module", [1, 2])
+def test_a_readers_own_answers_pass_are_recorded_and_the_books_are_not(module):
+    for gate, function in FUNCTIONS[module].items():
+        assert getattr(mastery, f"check_{gate}")(getattr(SOLUTIONS[module], function))
+    assert record.load() == set()
+    namespace = _run([READER[gate] for gate in FUNCTIONS[module]])
+    for gate, function in FUNCTIONS[module].items():
+        assert getattr(mastery, f"check_{gate}")(namespace[function]), gate
+    assert record.load() == set(FUNCTIONS[module])
+
+
+SLIPS = [("mse_grad", "return np.array([2 * np.mean(error * x), 2 * np.mean(error)])",
+          "return np.array([np.mean(error * x), np.mean(error)])", "brings a factor 2"),
+         ("mse_grad", "error = w * x + b - y", "error = y - w * x - b", "prediction minus target"),
+         ("mse_grad", "return np.array([2 * np.mean(error * x), 2 * np.mean(error)])",
+          "return np.array([2 * np.sum(error * x), 2 * np.sum(error)])", "divided by n"),
+         ("fit_line", '        raise ValueError("every x is the same")\n', "        pass\n", "raise ValueError"),
+         ("numerical_gradient", "out.flat[i] = (f(up) - f(down)) / (2 * eps)",
+          "out.flat[i] = (f(up) - f(theta)) / eps", "one-sided difference"),
+         ("numerical_gradient", "up, down = theta.copy(), theta.copy()", "up, down = theta, theta.copy()",
+          "changed in place"),
+         ("momentum", "v = momentum * v + grad(theta)", "v = grad(theta)", "velocity must carry over")]
+
+
+@pytest.mark.parametrize(("gate", "old", "new", "named"), SLIPS)
+def test_each_slip_is_named(gate, old, new, named):
+    assert old in READER[gate]
+    function = next(f[gate] for f in FUNCTIONS.values() if gate in f)
+    result = getattr(mastery, f"check_{gate}")(_run([READER[gate].replace(old, new)])[function])
+    assert not result and named in repr(result), repr(result)
+
+
+@pytest.mark.parametrize(("gate", "old", "new"), [
+    ("mse_grad", "return np.array([2 * np.mean(error * x), 2 * np.mean(error)])",
+     "return np.array([2 * np.mean(error * x), 2 * np.mean(error * x)])"),
+    ("fit_line", "return w, y_bar - w * x_bar", "return w, y_bar"),
+    ("numerical_gradient", "(2 * eps)", "(2.2 * eps)"),
+    ("momentum", "theta -= lr * v", "theta -= lr * v * 0.9"),
+])
+def test_a_wrong_answer_the_gate_has_no_name_for_still_fails(gate, old, new):
+    assert old in READER[gate]
+    function = next(f[gate] for f in FUNCTIONS.values() if gate in f)
+    result = getattr(mastery, f"check_{gate}")(_run([READER[gate].replace(old, new)])[function])
+    assert not result and not result.first and " -- " not in repr(result), repr(result)
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize("module", [1, 2])
+def test_the_notebook_goes_on_with_the_readers_code_once_it_passes(module):
+    everything = run_with_answers(NOTEBOOKS[module], READER, CALLS[module])
+    trained_with = {1: ["mse_grad"], 2: ["numerical_gradient"]}[module]
+    for name in trained_with:
+        assert f"Your {name} passed its gate: the cells below run yours." in everything
+    line_count = len(CALLS[module])
+    assert f"Module {module}: {line_count} of {line_count} gates passed" in everything
