@@ -1592,20 +1592,30 @@ def check_broadcast_shape(broadcast_shape: Callable) -> GateResult:
              ((1,), (7,)), ((2, 1), (1, 3)), ((8, 16, 32), (16,)), ((3, 4), (2, 3, 4)), ((2, 3), (3, 2))]
     for a, b in cases:
         result.cases += 1
-        try:
-            want = np.broadcast_shapes(a, b)
-        except ValueError:
-            want = None
+        want, left = _broadcast(a, b), _broadcast(a, b, pad_right=True)
         got, err = _call(broadcast_shape, a, b)
         label = f"{a} with {b}"
         if want is None:
             if not (err and "ValueError" in err):
+                hint = " -- align the shapes from the right" if left is not None and got == left else ""
                 result.failures.append(f"{label}: these cannot broadcast, so raise ValueError; got "
-                                       f"{err or repr(got)} -- align the shapes from the right")
-        elif err or tuple(got) != want:
-            hint = " -- align the shapes from the right, not the left" if len(a) != len(b) else ""
-            result.failures.append(f"{label}: expected {want}, got {err or tuple(got)}{hint}")
+                                       f"{err or repr(got)}{hint}")
+        elif err or not isinstance(got, tuple | list) or tuple(got) != want:
+            aligned_left = left is None if err else left is not None and got in (left, list(left))
+            hint = " -- align the shapes from the right, not the left" if aligned_left and (
+                not err or "ValueError" in err) else ""
+            result.failures.append(f"{label}: expected {want}, got {err or got!r}{hint}")
     return result
+
+
+def _broadcast(a: tuple, b: tuple, pad_right: bool = False) -> tuple | None:
+    """The broadcast shape of ``a`` and ``b``, or ``None`` where they do not broadcast; with
+    ``pad_right``, the usual slip: the shorter shape padded with 1s on the right."""
+    n = max(len(a), len(b))
+    a, b = ((tuple(s) + (1,) * (n - len(s)) if pad_right else (1,) * (n - len(s)) + tuple(s)) for s in (a, b))
+    if any(i != j and 1 not in (i, j) for i, j in zip(a, b, strict=True)):
+        return None
+    return tuple(max(i, j) for i, j in zip(a, b, strict=True))
 
 
 def check_bigram_probs(bigram_probs: Callable) -> GateResult:
@@ -1886,6 +1896,10 @@ FIRST = {
                         "turning -100 into a valid index), zero the ignored positions and sum each row.",
     "dpo_loss": "the margin is beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)); the loss "
                 "is the mean of -logsigmoid(margin).",
+    "broadcast_shape": "pad the shorter shape with 1s on the left until both are as long; then, pair by pair, "
+                       "the sizes must be equal or one of them 1, and the result takes the larger.",
+    "tiled_reads": "each element of A is loaded once per tile column of the output, ceil(n / tile) times, and "
+                   "each element of B once per tile row, ceil(m / tile) times.",
     "mse_grad": "the residual r = w * x + b - y; the derivative of r**2 is 2 * r times the derivative of r, "
                 "which is x for w and 1 for b; then take the mean over the points.",
     "fit_line": "centre the data, dx = x - np.mean(x) and dy = y - np.mean(y); then w = mean(dx * dy) / "
@@ -1909,7 +1923,7 @@ FIRST_OTHERWISE = "replace `raise NotImplementedError` with your code; its docst
 # The modules whose exercises start from a skeleton and keep the book's answers apart, in
 # posttrainllm.solutions. Only their gates are recorded: elsewhere a solution cell still redefines
 # the reader's function under its name, so a pass there cannot be told from the reader's own.
-SKELETON_MODULES = frozenset({1, 2, 4, 6, 8, 9})
+SKELETON_MODULES = frozenset({1, 2, 3, 4, 6, 8, 9})
 
 # The answers that passed a gate in this process, and those still the skeleton (see :func:`yours`).
 _PASSED: weakref.WeakSet = weakref.WeakSet()

@@ -1,25 +1,29 @@
-"""Modules 1 and 2's exercises as a reader meets them: the skeletons in the notebooks are told they
-are not written yet, a reader's own answers pass and are recorded, the gates name their slips and
-fail a wrong answer they have no name for, and each notebook goes on with the reader's gradient
-and descent once they pass."""
+"""The exercises of modules 1 to 3, written in numpy, as a reader meets them: the skeletons in the
+notebooks are told they are not written yet, a reader's own answers pass and are recorded, the
+gates name their slips and fail a wrong answer they have no name for, and each notebook goes on
+with the reader's gradient, numerical gradient and broadcasting rule once they pass."""
 
 import nbformat
 import numpy as np
 import pytest
 
-from posttrainllm.solutions import descent, line
+from posttrainllm.solutions import descent, line, tensors
 from posttrainllm.tools import mastery, record
 from tests.conftest import ROOT
 from tests.exercises import exercise_cells, run_cells, run_with_answers
 
-NOTEBOOKS = {1: ROOT / "notebooks" / "01-from-a-line.ipynb", 2: ROOT / "notebooks" / "02-gradient-descent.ipynb"}
+MODULES = [1, 2, 3]
+NOTEBOOKS = {m: next((ROOT / "notebooks").glob(f"{m:02d}-*.ipynb")) for m in MODULES}
 CALLS = {1: {"mse_grad": "check_mse_grad(mse_grad)", "fit_line": "check_fit_line(fit_line)",
              "lowest_loss": "check_lowest_loss(lowest"},
          2: {"numerical_gradient": "check_numerical_gradient(numerical_gradient)",
-             "momentum": "check_momentum(descend)", "divergence_lr": "check_divergence_lr(limit"}}
+             "momentum": "check_momentum(descend)", "divergence_lr": "check_divergence_lr(limit"},
+         3: {"broadcast_shape": "check_broadcast_shape(broadcast_shape)",
+             "tiled_reads": "check_tiled_reads(tiled_reads)", "best_tile": "check_best_tile(tile"}}
 FUNCTIONS = {1: {"mse_grad": "mse_grad", "fit_line": "fit_line"},
-             2: {"numerical_gradient": "numerical_gradient", "momentum": "descend"}}
-SOLUTIONS = {1: line, 2: descent}
+             2: {"numerical_gradient": "numerical_gradient", "momentum": "descend"},
+             3: {"broadcast_shape": "broadcast_shape", "tiled_reads": "tiled_reads"}}
+SOLUTIONS = {1: line, 2: descent, 3: tensors}
 
 # A reader's answers, written apart from the book's: the cells they type.
 READER = {
@@ -84,6 +88,34 @@ limit = max(stable)
 
 mastery.check_divergence_lr(limit, x, momentum=0.9)
 ''',
+    "broadcast_shape": '''
+def broadcast_shape(a, b):
+    n = max(len(a), len(b))
+    a, b = ((1,) * (n - len(s)) + tuple(s) for s in (a, b))
+    out = []
+    for p, q in zip(a, b):
+        if p != q and p != 1 and q != 1:
+            raise ValueError(f"{a} and {b} do not broadcast")
+        out.append(max(p, q))
+    return tuple(out)
+
+
+mastery.check_broadcast_shape(broadcast_shape)
+''',
+    "tiled_reads": '''
+def tiled_reads(m, n, k, tile):
+    a_loads = m * k * ((n + tile - 1) // tile)
+    b_loads = k * n * ((m + tile - 1) // tile)
+    return a_loads + b_loads
+
+
+mastery.check_tiled_reads(tiled_reads)
+''',
+    "best_tile": '''
+tile = min(t for t in range(1, 97) if tiled_reads(96, 80, 64, t) <= 50_000)
+
+mastery.check_best_tile(tile, 96, 80, 64, budget=50_000)
+''',
 }
 
 
@@ -91,7 +123,7 @@ def _run(sources: list[str]) -> dict:
     return run_cells(sources, np=np)
 
 
-@pytest.mark.parametrize("module", [1, 2])
+@pytest.mark.parametrize("module", MODULES)
 def test_each_exercise_in_the_notebook_is_a_skeleton_its_gate_calls_not_written_yet(module):
     nb = nbformat.read(NOTEBOOKS[module], as_version=4)
     cells = exercise_cells(nb, CALLS[module])
@@ -104,7 +136,7 @@ def test_each_exercise_in_the_notebook_is_a_skeleton_its_gate_calls_not_written_
         assert stored == repr(result), gate
 
 
-@pytest.mark.parametrize("module", [1, 2])
+@pytest.mark.parametrize("module", MODULES)
 def test_a_readers_own_answers_pass_are_recorded_and_the_books_are_not(module):
     for gate, function in FUNCTIONS[module].items():
         assert getattr(mastery, f"check_{gate}")(getattr(SOLUTIONS[module], function))
@@ -125,7 +157,10 @@ SLIPS = [("mse_grad", "return np.array([2 * np.mean(error * x), 2 * np.mean(erro
           "out.flat[i] = (f(up) - f(theta)) / eps", "one-sided difference"),
          ("numerical_gradient", "up, down = theta.copy(), theta.copy()", "up, down = theta, theta.copy()",
           "changed in place"),
-         ("momentum", "v = momentum * v + grad(theta)", "v = grad(theta)", "velocity must carry over")]
+         ("momentum", "v = momentum * v + grad(theta)", "v = grad(theta)", "velocity must carry over"),
+         ("broadcast_shape", "((1,) * (n - len(s)) + tuple(s) for s", "(tuple(s) + (1,) * (n - len(s)) for s",
+          "align the shapes from the right"),
+         ("tiled_reads", "((n + tile - 1) // tile)", "(n // tile)", "count them with a ceiling")]
 
 
 @pytest.mark.parametrize(("gate", "old", "new", "named"), SLIPS)
@@ -142,6 +177,8 @@ def test_each_slip_is_named(gate, old, new, named):
     ("fit_line", "return w, y_bar - w * x_bar", "return w, y_bar"),
     ("numerical_gradient", "(2 * eps)", "(2.2 * eps)"),
     ("momentum", "theta -= lr * v", "theta -= lr * v * 0.9"),
+    ("broadcast_shape", "out.append(max(p, q))", "out.append(min(p, q))"),
+    ("tiled_reads", "return a_loads + b_loads", "return a_loads + b_loads + 1"),
 ])
 def test_a_wrong_answer_the_gate_has_no_name_for_still_fails(gate, old, new):
     assert old in READER[gate]
@@ -151,10 +188,10 @@ def test_a_wrong_answer_the_gate_has_no_name_for_still_fails(gate, old, new):
 
 
 @pytest.mark.serial
-@pytest.mark.parametrize("module", [1, 2])
+@pytest.mark.parametrize("module", MODULES)
 def test_the_notebook_goes_on_with_the_readers_code_once_it_passes(module):
     everything = run_with_answers(NOTEBOOKS[module], READER, CALLS[module])
-    trained_with = {1: ["mse_grad"], 2: ["numerical_gradient"]}[module]
+    trained_with = {1: ["mse_grad"], 2: ["numerical_gradient"], 3: ["broadcast_shape"]}[module]
     for name in trained_with:
         assert f"Your {name} passed its gate: the cells below run yours." in everything
     line_count = len(CALLS[module])
