@@ -1,29 +1,33 @@
-"""The exercises of modules 1 to 3, written in numpy, as a reader meets them: the skeletons in the
+"""The exercises of modules 1, 2, 3 and 5, written in numpy, as a reader meets them: the skeletons in the
 notebooks are told they are not written yet, a reader's own answers pass and are recorded, the
 gates name their slips and fail a wrong answer they have no name for, and each notebook goes on
-with the reader's gradient, numerical gradient and broadcasting rule once they pass."""
+with the reader's gradient, numerical gradient, broadcasting rule, bigram table and nucleus once
+they pass."""
 
 import nbformat
 import numpy as np
 import pytest
 
-from posttrainllm.solutions import descent, line, tensors
+from posttrainllm.solutions import descent, language, line, tensors
 from posttrainllm.tools import mastery, record
 from tests.conftest import ROOT
 from tests.exercises import exercise_cells, run_cells, run_with_answers
 
-MODULES = [1, 2, 3]
+MODULES = [1, 2, 3, 5]
 NOTEBOOKS = {m: next((ROOT / "notebooks").glob(f"{m:02d}-*.ipynb")) for m in MODULES}
 CALLS = {1: {"mse_grad": "check_mse_grad(mse_grad)", "fit_line": "check_fit_line(fit_line)",
              "lowest_loss": "check_lowest_loss(lowest"},
          2: {"numerical_gradient": "check_numerical_gradient(numerical_gradient)",
              "momentum": "check_momentum(descend)", "divergence_lr": "check_divergence_lr(limit"},
          3: {"broadcast_shape": "check_broadcast_shape(broadcast_shape)",
-             "tiled_reads": "check_tiled_reads(tiled_reads)", "best_tile": "check_best_tile(tile"}}
+             "tiled_reads": "check_tiled_reads(tiled_reads)", "best_tile": "check_best_tile(tile"},
+         5: {"bigram_probs": "check_bigram_probs(bigram_probs)", "top_p": "check_top_p(top_p_distribution)",
+             "temperature": "check_temperature(temperature"}}
 FUNCTIONS = {1: {"mse_grad": "mse_grad", "fit_line": "fit_line"},
              2: {"numerical_gradient": "numerical_gradient", "momentum": "descend"},
-             3: {"broadcast_shape": "broadcast_shape", "tiled_reads": "tiled_reads"}}
-SOLUTIONS = {1: line, 2: descent, 3: tensors}
+             3: {"broadcast_shape": "broadcast_shape", "tiled_reads": "tiled_reads"},
+             5: {"bigram_probs": "bigram_probs", "top_p": "top_p_distribution"}}
+SOLUTIONS = {1: line, 2: descent, 3: tensors, 5: language}
 
 # A reader's answers, written apart from the book's: the cells they type.
 READER = {
@@ -116,6 +120,43 @@ tile = min(t for t in range(1, 97) if tiled_reads(96, 80, 64, t) <= 50_000)
 
 mastery.check_best_tile(tile, 96, 80, 64, budget=50_000)
 ''',
+    "bigram_probs": '''
+def bigram_probs(ids, vocab_size, alpha):
+    table = np.zeros((vocab_size, vocab_size)) + alpha
+    for current, following in zip(ids, ids[1:]):
+        table[current, following] += 1
+    return table / table.sum(axis=1)[:, None]
+
+
+mastery.check_bigram_probs(bigram_probs)
+''',
+    "top_p": '''
+def top_p_distribution(probs, p):
+    ranked = sorted(range(len(probs)), key=lambda i: (-probs[i], i))
+    kept, mass = [], 0.0
+    for i in ranked:
+        if mass >= p - 1e-12:
+            break
+        kept.append(i)
+        mass += probs[i]
+    out = np.zeros(len(probs))
+    out[kept] = probs[kept]
+    return out / out.sum()
+
+
+mastery.check_top_p(top_p_distribution)
+''',
+    "temperature": '''
+def bits_at(t):
+    q = smp.next_token_distribution(logits, temperature=t)
+    q = q[q > 0]
+    return -(q * np.log2(q)).sum()
+
+
+temperature = min(np.geomspace(0.1, 10, 20001), key=lambda t: abs(bits_at(t) - 3.0))
+
+mastery.check_temperature(temperature, logits, bits=3.0)
+''',
 }
 
 
@@ -160,7 +201,12 @@ SLIPS = [("mse_grad", "return np.array([2 * np.mean(error * x), 2 * np.mean(erro
          ("momentum", "v = momentum * v + grad(theta)", "v = grad(theta)", "velocity must carry over"),
          ("broadcast_shape", "((1,) * (n - len(s)) + tuple(s) for s", "(tuple(s) + (1,) * (n - len(s)) for s",
           "align the shapes from the right"),
-         ("tiled_reads", "((n + tile - 1) // tile)", "(n // tile)", "count them with a ceiling")]
+         ("tiled_reads", "((n + tile - 1) // tile)", "(n // tile)", "count them with a ceiling"),
+         ("bigram_probs", "table[current, following] += 1", "table[following, current] += 1",
+          "row a is what follows a"),
+         ("bigram_probs", "return table / table.sum(axis=1)[:, None]", "return table / table.sum()",
+          "normalise each row"),
+         ("top_p", "return out / out.sum()", "return out", "renormalise the kept mass")]
 
 
 @pytest.mark.parametrize(("gate", "old", "new", "named"), SLIPS)
@@ -179,6 +225,8 @@ def test_each_slip_is_named(gate, old, new, named):
     ("momentum", "theta -= lr * v", "theta -= lr * v * 0.9"),
     ("broadcast_shape", "out.append(max(p, q))", "out.append(min(p, q))"),
     ("tiled_reads", "return a_loads + b_loads", "return a_loads + b_loads + 1"),
+    ("bigram_probs", "np.zeros((vocab_size, vocab_size)) + alpha", "np.zeros((vocab_size, vocab_size)) + alpha + 0.1"),
+    ("top_p", "if mass >= p - 1e-12:", "if mass >= p / 2:"),
 ])
 def test_a_wrong_answer_the_gate_has_no_name_for_still_fails(gate, old, new):
     assert old in READER[gate]
@@ -188,10 +236,11 @@ def test_a_wrong_answer_the_gate_has_no_name_for_still_fails(gate, old, new):
 
 
 @pytest.mark.serial
-@pytest.mark.parametrize("module", MODULES)
+@pytest.mark.parametrize("module", [1, 2, 3, pytest.param(5, marks=pytest.mark.slow)])  # module 5 trains for 40 s
 def test_the_notebook_goes_on_with_the_readers_code_once_it_passes(module):
     everything = run_with_answers(NOTEBOOKS[module], READER, CALLS[module])
-    trained_with = {1: ["mse_grad"], 2: ["numerical_gradient"], 3: ["broadcast_shape"]}[module]
+    trained_with = {1: ["mse_grad"], 2: ["numerical_gradient"], 3: ["broadcast_shape"],
+                    5: ["bigram_probs", "top_p_distribution"]}[module]
     for name in trained_with:
         assert f"Your {name} passed its gate: the cells below run yours." in everything
     line_count = len(CALLS[module])
