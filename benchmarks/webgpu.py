@@ -259,7 +259,7 @@ def shapes_table(adapter: dict, args, suffix: str, context: str) -> None:
     If time grew only with the work (heads x T^2), 8 heads at 2048 and 2 at 4096 would take the
     same time, and 32 at 2048 the same as 8 at 4096; the table shows where that stops holding."""
     files = [v for v in ready(webgpu.variants("attention"), adapter) if "flash2" in v["file"]]
-    shapes = [(2, 64), (2, 128)] if args.quick else SHAPES[suffix.split("_")[0]]
+    shapes = [(2, 64)] if args.quick else SHAPES[suffix.split("_")[0]]
     items = [(v["file"], "{}", t, heads) for heads, t in shapes for v in files]
     measured = in_rounds(shape_run, items, args)
     rows = []
@@ -313,7 +313,7 @@ def backward_table(adapter: dict, args, lengths: list[int], baselines: dict, suf
 def softmax_run(args) -> tuple[list, int]:
     """The softmax rows, measured in a process of its own."""
     gpu = open_gpu(args)
-    widths = [256, 1024] if args.quick else [1024, 4096, 16384]
+    widths = [256] if args.quick else [1024, 4096, 16384]
     rows_n = 64 if args.quick else 1024
     rng = np.random.default_rng(2)
     rows = []
@@ -362,8 +362,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.driver:
         webgpu.use_driver(args.driver)
     cpu = args.driver is not None
-    sizes = [64, 128] if args.quick else ([256, 512] if cpu else [1024, 2048, 4096])
-    lengths = [64, 128] if args.quick else ([128, 256, 512] if cpu else [512, 1024, 2048, 4096])
+    sizes = [64] if args.quick else ([256, 512] if cpu else [1024, 2048, 4096])  # quick: one size of each
+    lengths = [64] if args.quick else ([128, 256, 512] if cpu else [512, 1024, 2048, 4096])
     baselines = {}
     if not cpu:  # before any wgpu device: see torch_baselines
         baselines = alone(torch_baselines, sizes, lengths, HEADS, HEAD_SIZE, args.repeat)

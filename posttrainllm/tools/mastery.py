@@ -29,6 +29,7 @@ class GateResult:
     failures: list[str] = field(default_factory=list)
     cases: int = 0
     first: str = ""  # set when the answer is still the skeleton: what to write first
+    books: bool = False  # the book's own answer (a gate called with record=False), not the reader's
 
     @property
     def passed(self) -> bool:
@@ -41,7 +42,8 @@ class GateResult:
         if self.first:
             return f"NOT YET {self.gate}: not written yet (it raises NotImplementedError). Start here: {self.first}"
         if self.cases == 1:  # a find-out gate: one number
-            return f"PASSED {self.gate}: your answer matches." if self.passed else "\n".join(
+            whose = "the book's" if self.books else "your"
+            return f"PASSED {self.gate}: {whose} answer matches." if self.passed else "\n".join(
                 [f"NOT YET {self.gate}:", *(f"  - {f}" for f in self.failures)])
         if self.passed:
             return f"PASSED {self.gate}: all {self.cases} cases match the reference."
@@ -1979,6 +1981,7 @@ def _guarded(gate: Callable[..., GateResult]) -> Callable[..., GateResult]:
         if result.failures and all("NotImplementedError" in f for f in result.failures):
             result.first = FIRST.get(name, FIRST_OTHERWISE)
         _remember(args, result, name, record)
+        result.books = not record
         return result
 
     return run

@@ -411,6 +411,8 @@ def test_find_out_gates_pass_the_truth_and_say_which_way_a_wrong_answer_is():
         assert "too high" in high.failures[0] and "too low" in low.failures[0], name
         assert f"{truth:g}" not in repr(high), name
         assert "expected a number" in gate("many").failures[0]
+    # the book's answers, run with record=False, do not call themselves the reader's
+    assert repr(mastery.check_lowest_loss(best, x, y, record=False)) == "PASSED lowest_loss: the book's answer matches."
 
 
 def test_graph_size_and_compression_and_memory_gates_measure_for_themselves():

@@ -201,8 +201,11 @@ def test_numpy_adamw_trains_as_the_torch_adamw_does():
 @pytest.mark.slow
 @pytest.mark.serial
 def test_the_notebook_goes_on_with_the_readers_code_once_it_passes():
-    # up to the last cell that runs the reader's code (the rest is the notebook's own nbval run)
-    everything = run_with_answers(NOTEBOOK, READER, CALLS, until="## Gradient checkpointing")
+    # up to the last cell that runs the reader's code; the learning-rate range test and the three
+    # constant rates (a minute, none of it the reader's) stand in as the figures the notebook stored
+    given = {"sweep = lambda step:": "pass",
+             "curves = {}": "hot, good = [(300, 2.6)], [(300, 0.59)]  # 3e-2 stalls above 2.0; 3e-3 ends at 0.59"}
+    everything = run_with_answers(NOTEBOOK, READER, CALLS, until="## Gradient checkpointing", given=given)
     trained_with = ("adamw_update", "warmup_cosine", "accumulated_step")
     for name in trained_with:
         assert f"Your {name} passed its gate: the cells below run yours." in everything

@@ -85,7 +85,7 @@ def descend(grad, theta0, lr, momentum, steps):
 mastery.check_momentum(descend)
 ''',
     "divergence_lr": '''
-rates = lr_max * np.linspace(1.8, 2.0, 201)
+rates = lr_max * np.linspace(1.85, 1.95, 51)
 stable = [r for r in rates if np.isfinite(loss(descend(grad, start, r, 0.9, 400)))
           and loss(descend(grad, start, r, 0.9, 400)) <= loss(start)]
 limit = max(stable)
@@ -238,10 +238,14 @@ def test_a_wrong_answer_the_gate_has_no_name_for_still_fails(gate, old, new):
 @pytest.mark.serial
 @pytest.mark.parametrize("module", [1, 2, 3, pytest.param(5, marks=pytest.mark.slow)])  # module 5 trains for 40 s
 def test_the_notebook_goes_on_with_the_readers_code_once_it_passes(module):
-    everything = run_with_answers(NOTEBOOKS[module], READER, CALLS[module])
+    # module 5 stops before its scaling sweeps, which use none of the reader's code
+    until = "## Scaling: a toy sweep" if module == 5 else None
+    everything = run_with_answers(NOTEBOOKS[module], READER, CALLS[module], until=until)
     trained_with = {1: ["mse_grad"], 2: ["numerical_gradient"], 3: ["broadcast_shape"],
                     5: ["bigram_probs", "top_p_distribution"]}[module]
     for name in trained_with:
         assert f"Your {name} passed its gate: the cells below run yours." in everything
-    line_count = len(CALLS[module])
-    assert f"Module {module}: {line_count} of {line_count} gates passed" in everything
+    if until is None:
+        assert f"Module {module}: {len(CALLS[module])} of {len(CALLS[module])} gates passed" in everything
+    else:
+        assert record.load() == set(FUNCTIONS[module])
