@@ -3,12 +3,13 @@ the notebook would, and run the whole notebook with a reader's answers typed in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
-from posttrainllm.tools import mastery
+from posttrainllm.tools import mastery, record
 
 
 def folded(cell) -> bool:
@@ -24,6 +25,35 @@ def exercise_cells(nb, calls: dict[str, str]) -> dict[str, int]:
             if cell.cell_type == "code" and not folded(cell) and f"mastery.{call}" in cell.source:
                 found[name] = i
     return found
+
+
+def assert_skeletons_are_not_written_yet(path: Path, calls: dict[str, str], functions: dict[str, str],
+                                         run: Callable[[list[str]], dict]) -> None:
+    """Each exercise cell of the notebook defines a skeleton that its gate calls "not written yet",
+    with the first step to write, and the notebook stored exactly that report."""
+    nb = nbformat.read(path, as_version=4)
+    cells = exercise_cells(nb, calls)
+    assert set(cells) == set(calls)
+    for gate, function in functions.items():
+        namespace = run([nb.cells[cells[gate]].source])
+        result = getattr(mastery, f"check_{gate}")(namespace[function])
+        assert not result and result.first == mastery.FIRST[gate], gate
+        stored = "".join(o.get("data", {}).get("text/plain", "") for o in nb.cells[cells[gate]].outputs)
+        assert stored == repr(result), gate
+
+
+def assert_readers_answers_pass_and_only_they_are_recorded(functions: dict[str, str], solutions,
+                                                          answers: dict[str, str],
+                                                          run: Callable[[list[str]], dict]) -> None:
+    """The book's solutions pass each gate without entering the record; the reader's own answers
+    (``answers``, the cells they type) pass it and do."""
+    for gate, function in functions.items():
+        assert getattr(mastery, f"check_{gate}")(getattr(solutions, function)), gate
+    assert record.load() == set()
+    namespace = run([answers[gate] for gate in functions])
+    for gate, function in functions.items():
+        assert getattr(mastery, f"check_{gate}")(namespace[function]), gate
+    assert record.load() == set(functions)
 
 
 def run_cells(sources: list[str], **names) -> dict:

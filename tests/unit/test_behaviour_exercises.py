@@ -3,15 +3,19 @@ not written yet, a reader's own answers pass, the new gates name their slips and
 answer they have no name for, and the notebook (SFT targets, the LoRA layer and its merge, and a
 DPO run) goes on with the reader's code once it passes."""
 
-import nbformat
 import pytest
 import torch
 
 from posttrainllm import preference, sft
 from posttrainllm.solutions import behaviour as solutions
-from posttrainllm.tools import mastery, record
+from posttrainllm.tools import mastery
 from tests.conftest import ROOT
-from tests.exercises import exercise_cells, run_cells, run_with_answers
+from tests.exercises import (
+    assert_readers_answers_pass_and_only_they_are_recorded,
+    assert_skeletons_are_not_written_yet,
+    run_cells,
+    run_with_answers,
+)
 
 NOTEBOOK = ROOT / "notebooks" / "09-behaviour-learning.ipynb"
 CALLS = {"sft_targets": "check_sft_targets(sft_targets)", "lora_forward": "check_lora_forward(lora_forward)",
@@ -81,25 +85,11 @@ def _run(sources: list[str]) -> dict:
 
 
 def test_each_exercise_in_the_notebook_is_a_skeleton_its_gate_calls_not_written_yet():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    cells = exercise_cells(nb, CALLS)
-    assert set(cells) == set(CALLS)
-    for gate, function in FUNCTIONS.items():
-        namespace = _run([nb.cells[cells[gate]].source])
-        result = getattr(mastery, f"check_{gate}")(namespace[function])
-        assert not result and result.first == mastery.FIRST[gate], gate
-        stored = "".join(o.get("data", {}).get("text/plain", "") for o in nb.cells[cells[gate]].outputs)
-        assert stored == repr(result), gate
+    assert_skeletons_are_not_written_yet(NOTEBOOK, CALLS, FUNCTIONS, _run)
 
 
 def test_a_readers_own_answers_pass_are_recorded_and_the_books_are_not():
-    for gate, function in FUNCTIONS.items():
-        assert getattr(mastery, f"check_{gate}")(getattr(solutions, function if gate != "lora_merge" else "merge"))
-    assert record.load() == set()
-    namespace = _run([READER[gate] for gate in FUNCTIONS])
-    for gate, function in FUNCTIONS.items():
-        assert getattr(mastery, f"check_{gate}")(namespace[function]), gate
-    assert record.load() == set(FUNCTIONS)
+    assert_readers_answers_pass_and_only_they_are_recorded(FUNCTIONS, solutions, READER, _run)
 
 
 SFT_SLIPS = [("for i in range(len(prompt) - 1):", "for i in range(len(prompt)):", "the last prompt position predicts"),

@@ -3,7 +3,6 @@ not written yet, a reader's own answers pass, the new gates name their slips and
 answer they have no name for, and the notebook (an AdamW race, the rescued hot learning rate)
 goes on with the reader's code once it passes."""
 
-import nbformat
 import numpy as np
 import pytest
 import torch
@@ -14,7 +13,12 @@ from posttrainllm.model import GPT, GPTConfig
 from posttrainllm.solutions import mechanics as solutions
 from posttrainllm.tools import mastery, record
 from tests.conftest import ROOT
-from tests.exercises import exercise_cells, run_cells, run_with_answers
+from tests.exercises import (
+    assert_readers_answers_pass_and_only_they_are_recorded,
+    assert_skeletons_are_not_written_yet,
+    run_cells,
+    run_with_answers,
+)
 
 NOTEBOOK = ROOT / "notebooks" / "08-training-mechanics.ipynb"
 CALLS = {"adamw_update": "check_adamw_update(adamw_update)", "warmup_cosine": "check_warmup_cosine(warmup_cosine)",
@@ -95,25 +99,11 @@ def _run(sources: list[str]) -> dict:
 
 
 def test_each_exercise_in_the_notebook_is_a_skeleton_its_gate_calls_not_written_yet():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    cells = exercise_cells(nb, CALLS)
-    assert set(cells) == set(CALLS)
-    for gate, function in FUNCTIONS.items():
-        namespace = _run([nb.cells[cells[gate]].source])
-        result = getattr(mastery, f"check_{gate}")(namespace[function])
-        assert not result and result.first == mastery.FIRST[gate], gate
-        stored = "".join(o.get("data", {}).get("text/plain", "") for o in nb.cells[cells[gate]].outputs)
-        assert stored == repr(result), gate
+    assert_skeletons_are_not_written_yet(NOTEBOOK, CALLS, FUNCTIONS, _run)
 
 
 def test_a_readers_own_answers_pass_are_recorded_and_the_books_are_not():
-    for gate, function in FUNCTIONS.items():
-        assert getattr(mastery, f"check_{gate}")(getattr(solutions, function))
-    assert record.load() == set()
-    namespace = _run([READER[gate] for gate in FUNCTIONS])
-    for gate, function in FUNCTIONS.items():
-        assert getattr(mastery, f"check_{gate}")(namespace[function]), gate
-    assert record.load() == set(FUNCTIONS)
+    assert_readers_answers_pass_and_only_they_are_recorded(FUNCTIONS, solutions, READER, _run)
 
 
 SCHEDULE_SLIPS = [("return max_lr * (step + 1) / warmup", "return max_lr * step / warmup", "step 0 is max_lr / warmup"),

@@ -4,14 +4,18 @@ gates name their slips and fail a wrong answer they have no name for, and each n
 with the reader's gradient, numerical gradient, broadcasting rule, bigram table and nucleus once
 they pass."""
 
-import nbformat
 import numpy as np
 import pytest
 
 from posttrainllm.solutions import descent, language, line, tensors
 from posttrainllm.tools import mastery, record
 from tests.conftest import ROOT
-from tests.exercises import exercise_cells, run_cells, run_with_answers
+from tests.exercises import (
+    assert_readers_answers_pass_and_only_they_are_recorded,
+    assert_skeletons_are_not_written_yet,
+    run_cells,
+    run_with_answers,
+)
 
 MODULES = [1, 2, 3, 5]
 NOTEBOOKS = {m: next((ROOT / "notebooks").glob(f"{m:02d}-*.ipynb")) for m in MODULES}
@@ -166,26 +170,12 @@ def _run(sources: list[str]) -> dict:
 
 @pytest.mark.parametrize("module", MODULES)
 def test_each_exercise_in_the_notebook_is_a_skeleton_its_gate_calls_not_written_yet(module):
-    nb = nbformat.read(NOTEBOOKS[module], as_version=4)
-    cells = exercise_cells(nb, CALLS[module])
-    assert set(cells) == set(CALLS[module])
-    for gate, function in FUNCTIONS[module].items():
-        namespace = _run([nb.cells[cells[gate]].source])
-        result = getattr(mastery, f"check_{gate}")(namespace[function])
-        assert not result and result.first == mastery.FIRST[gate], gate
-        stored = "".join(o.get("data", {}).get("text/plain", "") for o in nb.cells[cells[gate]].outputs)
-        assert stored == repr(result), gate
+    assert_skeletons_are_not_written_yet(NOTEBOOKS[module], CALLS[module], FUNCTIONS[module], _run)
 
 
 @pytest.mark.parametrize("module", MODULES)
 def test_a_readers_own_answers_pass_are_recorded_and_the_books_are_not(module):
-    for gate, function in FUNCTIONS[module].items():
-        assert getattr(mastery, f"check_{gate}")(getattr(SOLUTIONS[module], function))
-    assert record.load() == set()
-    namespace = _run([READER[gate] for gate in FUNCTIONS[module]])
-    for gate, function in FUNCTIONS[module].items():
-        assert getattr(mastery, f"check_{gate}")(namespace[function]), gate
-    assert record.load() == set(FUNCTIONS[module])
+    assert_readers_answers_pass_and_only_they_are_recorded(FUNCTIONS[module], SOLUTIONS[module], READER, _run)
 
 
 SLIPS = [("mse_grad", "return np.array([2 * np.mean(error * x), 2 * np.mean(error)])",
