@@ -4,12 +4,15 @@
 RLHF as in InstructGPT (Ouyang et al., 2022) first learns a *reward model* from human choices
 between two responses. The Bradley–Terry model (Bradley and Terry, 1952) says the chosen one
 wins with probability ``sigmoid(r(chosen) - r(rejected))``. Minimising ``-log`` of that over the
-pairs fits ``r``. Here ``r`` is the base GPT with its output head replaced by one number read at
-the response's end token: the network that learned the language judges the answers.
+pairs fits ``r``. Here ``r`` is the SFT model (the base GPT fine-tuned on the chat format) with
+its output head replaced by one number read at the response's end token: the network that
+learned the language and the format judges the answers.
 
 Best-of-n then samples ``n`` responses from the policy and keeps the one ``r`` scores highest:
-the simplest way to optimise against a reward model, with a known KL divergence from the
-policy, ``log n - (n - 1) / n`` (Stiennon et al., 2020).
+the simplest way to optimise against a reward model. Its KL divergence from the policy is often
+quoted as ``log n - (n - 1) / n`` (Stiennon et al., 2020); Beirami et al. (2024,
+arXiv:2401.01879) show that this is an upper bound, tight only when every output is unlikely,
+so for a policy that repeats its answers the true divergence is smaller.
 """
 
 from __future__ import annotations

@@ -410,7 +410,7 @@ def _checked_specials(special: dict, first: int, n_vocab: int | None) -> dict[st
     if n_vocab is None and ids != list(range(first, first + len(ids))):
         raise ValueError(f"special token ids must be {first} to {first + len(ids) - 1}, one each "
                          f"(the ids after the merges), not {ids}")
-    if n_vocab is not None and (len(set(ids)) != len(ids) or max(ids, default=first) >= n_vocab or n_vocab < first):
+    if n_vocab is not None and (len(set(ids)) != len(ids) or max(ids, default=-1) >= n_vocab or n_vocab < first):
         raise ValueError(f"special token ids must be distinct, one each, from {first} and below n_vocab={n_vocab}, "
                          f"not {ids}")
     return special

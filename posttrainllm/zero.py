@@ -11,8 +11,9 @@ is stage 3). :func:`bytes_per_device` is that count.
 :func:`measure` checks it on real processes: it starts ``world_size`` CPU processes (gloo), trains
 one step of the oracle GPT under ``DistributedDataParallel``, under ``ZeroRedundancyOptimizer``
 (ZeRO-1) and under FSDP2's ``fully_shard`` (ZeRO-3), and sums the bytes of the parameter, gradient
-and optimizer-state tensors each process holds afterwards. PyTorch offers ZeRO-2 only in FSDP1
-(which FSDP2 replaces), so stage 2 is computed only.
+and optimizer-state tensors each process holds afterwards. Stage 2 is computed only: FSDP2's
+``reshard_after_forward=False`` (FSDP1's ``SHARD_GRAD_OP``) is PyTorch's nearest to it, but it
+differs from stage 3 only inside a step, so what a process holds after a step cannot tell them apart.
 """
 
 from __future__ import annotations

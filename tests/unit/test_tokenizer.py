@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from posttrainllm import data
 from posttrainllm.tokenizer import (
+    FORMAT,
     FORMAT_V1,
     FORMAT_V2,
     GPT2_SPLIT,
@@ -144,6 +145,47 @@ def test_save_and_load_round_trip(tmp_path):
     assert again.encode(TEXT[:2000]) == tok.encode(TEXT[:2000])
 
 
+def _as_version(text: str, version: str) -> str:
+    """A v3 file as an older version wrote it: v2 had no byte_ids or n_vocab lines, v1 no checksum."""
+    lines = text.splitlines(keepends=True)
+    v2 = [FORMAT_V2 + "\n", *lines[1:3], *lines[5:-1]]
+    if version == FORMAT_V2:
+        return "".join(v2) + _checksum([line.rstrip("\n") for line in v2]) + "\n"
+    return "".join([FORMAT_V1 + "\n", *v2[1:]])
+
+
+@functools.cache
+def _bare(specials: tuple[str, ...] = ()) -> Tokenizer:
+    return Tokenizer.train(TEXT[:5000], 280, special_tokens=list(specials))
+
+
+def _gapped() -> Tokenizer:
+    first = 256 + len(_bare().merges)
+    return Tokenizer(_bare().merges, special_tokens={"<|x|>": first + 3, "<|y|>": first}, n_vocab=first + 10)
+
+
+ROUND_TRIPS = {"no special tokens": _bare, "two special tokens": lambda: _bare(("<|a|>", "<|b|>")),
+               "special ids with gaps": _gapped}
+
+
+# v1 and v2 had no n_vocab line, so they never held special ids with gaps
+VERSIONS = [(k, v) for k in sorted(ROUND_TRIPS) for v in (FORMAT, FORMAT_V2, FORMAT_V1)
+            if v == FORMAT or k != "special ids with gaps"]
+
+
+@pytest.mark.parametrize(("kind", "version"), VERSIONS)
+def test_every_tokenizer_reloads_as_it_was_saved_in_each_format_version(kind, version, tmp_path):
+    tok = ROUND_TRIPS[kind]()
+    path = tmp_path / "tok.bpe"
+    tok.save(path)
+    if version != FORMAT:
+        path.write_text(_as_version(path.read_text(), version))
+    again = Tokenizer.load(path)
+    assert (again.merges, again.special_tokens, again.vocab_size) == (tok.merges, tok.special_tokens, tok.vocab_size)
+    sample = TEXT[:500] + "".join(tok.special_tokens)
+    assert again.encode(sample, allowed_special="all") == tok.encode(sample, allowed_special="all")
+
+
 def with_line(text: str, index: int, line: str) -> str:
     lines = text.splitlines()
     return "\n".join([*lines[:index], line, *lines[index + 1 :]]) + "\n"
@@ -201,12 +243,6 @@ def test_the_checksum_catches_a_well_formed_change_and_truncation(tmp_path):
     path.write_bytes(text.encode()[:20] + b"\xff\xfe" + text.encode()[20:])
     with pytest.raises(ValueError, match="not UTF-8"):
         Tokenizer.load(path)
-    lines = text.splitlines(keepends=True)
-    v2 = [FORMAT_V2 + "\n", *lines[1:3], *lines[5:-1]]  # written before byte_ids and n_vocab: still read
-    path.write_text("".join(v2) + _checksum([line.rstrip("\n") for line in v2]) + "\n")
-    assert Tokenizer.load(path).merges == tok.merges and Tokenizer.load(path).vocab_size == tok.vocab_size
-    path.write_text("".join([FORMAT_V1 + "\n", *v2[1:]]))  # and before checksums
-    assert Tokenizer.load(path).merges == tok.merges
 
 
 def test_bad_arguments():
