@@ -2,7 +2,10 @@
 Models: Methods, Analysis & Insights from Training Gopher*, 2021, appendix A): cheap checks on
 word lengths, symbols and repetition that remove boilerplate and machine noise without a model
 (the post-training data chapter, ``book/post-training-data.md``). The thresholds are Gopher's
-where they fit short texts, and say so where they differ.
+where they fit short texts, and say so where they differ. The "symbols" rule is the book's own:
+Gopher's counts the ratio of ``#`` and ellipsis symbols to words (above 0.1 fails). Gopher's
+stop-word rule (at least two of "the", "be", "to", "of", "and", "that", "have", "with") is left
+out, since a one-word answer is a good answer here.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import re
 RULES = {
     "empty": "no words at all (Gopher asks for 50; an answer here can be one word)",
     "word length": "mean word length outside 2 to 10 characters (Gopher: 3 to 10)",
-    "symbols": "more than 10% of the characters are neither letters, digits, spaces nor . , ' ? ! -",
+    "symbols": "more than 10% of the characters are neither letters, digits, spaces nor . , ' ? ! - (the book's "
+               "rule; Gopher's counts # and ellipses per word)",
     "non-alphabetic words": "fewer than 80% of the words contain a letter (Gopher's rule)",
     "repetition": "a word three times in a row (Gopher measures repeated n-grams over whole documents)",
 }
