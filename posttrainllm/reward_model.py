@@ -98,7 +98,9 @@ def pairwise_accuracy(model: RewardModel, tokenizer: Tokenizer, pairs: list[Pair
 
 
 def best_of_n_kl(n: int) -> float:
-    """KL divergence (nats) from the policy to its best-of-``n`` distribution, for a reward without ties."""
+    """``log n - (n - 1) / n``: the KL divergence (nats) of best-of-``n`` from the policy as usually
+    quoted (Stiennon et al., 2020), which is an upper bound (Beirami et al., 2024), tight only when
+    every output is unlikely; for a reward without ties."""
     return math.log(n) - (n - 1) / n
 
 
