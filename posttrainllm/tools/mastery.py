@@ -759,9 +759,10 @@ def check_accumulated_step(accumulated_step: Callable) -> GateResult:
                 result.failures.append(f"{label}, step {len(got) + 1}: {err}")
                 continue
             numbers = [tuple(_scalar(x) for x in o) if isinstance(o, tuple) and len(o) == 2 else (None,) for o in got]
-            if any(None in pair for pair in numbers):
+            odd = [o for o, pair in zip(got, numbers, strict=True) if None in pair]
+            if odd:
                 result.failures.append(f"{label}: expected (mean loss, norm before clipping), two numbers, "
-                                       f"got {got[[None in pair for pair in numbers].index(True)]!r}")
+                                       f"got {odd[0]!r}")
                 continue
             close = all((a - b).abs().max().item() <= 1e-9 for a, b in zip(params, want_params, strict=True))
             if not close:
