@@ -52,6 +52,9 @@ def phrase_of_prompt(example: Example, completion: str | None) -> float:
     return float(bool(completion and completion.strip()) and completion.strip() in example.prompt)
 
 
+Advantage = Callable[[torch.Tensor], torch.Tensor]  # rewards (prompts, group) -> advantages, same shape
+Objective = Callable[..., torch.Tensor]  # (new, old, ref, mask, advantages, clip, kl_coef) -> the loss
+
 REWARDS: dict[str, Reward] = {"composite: correct + format": composite,
                               "proxy: the answer is a phrase of the prompt": phrase_of_prompt}
 
@@ -119,12 +122,18 @@ def completion_text(tokenizer: Tokenizer, tokens: list[int]) -> str | None:
 
 def token_logprobs(model: GPT, prompt: list[int], completions: list[list[int]], pad: int):
     """``(log-probs, mask)`` of each completion's tokens, shape ``(n, longest)``."""
+    picked, mask, _ = _completion_logprobs(model, prompt, completions, pad)
+    return picked, mask
+
+
+def _completion_logprobs(model: GPT, prompt: list[int], completions: list[list[int]], pad: int):
+    """:func:`token_logprobs` and the policy's entropy at each of those positions, from one forward."""
     width = max(len(c) for c in completions)
     rows = torch.tensor([prompt + c + [pad] * (width - len(c)) for c in completions])
-    logp = log_probs(model(rows[:, :-1]))[:, len(prompt) - 1 :]
-    picked = logp.gather(-1, rows[:, len(prompt) :].unsqueeze(-1)).squeeze(-1)
+    logits = model(rows[:, :-1])[:, len(prompt) - 1 :]
+    picked = log_probs(logits).gather(-1, rows[:, len(prompt) :].unsqueeze(-1)).squeeze(-1)
     mask = torch.tensor([[1.0] * len(c) + [0.0] * (width - len(c)) for c in completions])
-    return picked, mask
+    return picked, mask, token_entropy(logits)
 
 
 AGGREGATIONS = ("token", "sequence", "constant")
@@ -188,25 +197,42 @@ def grpo_loss(new: torch.Tensor, old: torch.Tensor, ref: torch.Tensor, mask: tor
     ratio = torch.exp(new - old)
     a = advantages[:, None]
     objective = torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip, 1 + (clip_high or clip)) * a)
-    kl = torch.exp(ref - new) - (ref - new) - 1
+    kl = k3(new, ref)
     return -aggregate(objective - kl_coef * kl, mask, aggregation, max_tokens), masked_mean(kl, mask).detach()
+
+
+def k3(new: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Per token, the k3 estimate of KL(policy || reference) from the two log-probabilities of the
+    sampled token: ``e^(ref - new) - (ref - new) - 1``, never negative, unbiased under sampling."""
+    return torch.exp(ref - new) - (ref - new) - 1
 
 
 def train_grpo(policy: GPT, reference: GPT, tokenizer: Tokenizer, prompts: list[Example], reward: Reward,
                steps: int, prompts_per_step: int = 8, group_size: int = 8, lr: float = 1e-3, kl_coef: float = 0.04,
                clip: float = 0.2, clip_high: float | None = None, normalise: bool = True, updates_per_batch: int = 2,
                temperature: float = 1.0, max_tokens: int = 12, seed: int = 0, track: Reward | None = None,
-               aggregation: str = "token") -> dict:
-    """GRPO on the policy's trainable parameters. Returns per-step mean reward, mean KL to the
-    reference, and the mean of ``track`` (e.g. true correctness when training on a proxy).
-    ``aggregation`` is :func:`aggregate`'s choice (``"constant"`` divides by ``max_tokens``)."""
+               aggregation: str = "token", advantage: Advantage | None = None,
+               objective: Objective | None = None) -> dict:
+    """GRPO on the policy's trainable parameters. Returns per step the mean reward, the mean KL to
+    the reference, the mean of ``track`` (e.g. true correctness when training on a proxy), the
+    sampling policy's mean token entropy in nats and the answers' mean length in tokens.
+    ``aggregation`` is :func:`aggregate`'s choice (``"constant"`` divides by ``max_tokens``).
+
+    Module 10's reader writes the two pieces of the objective: ``advantage(rewards)`` in place of
+    :func:`group_advantages`, and ``objective(new, old, ref, mask, advantages, clip, kl_coef)`` in
+    place of :func:`grpo_loss` with its defaults (the token mean, one clip range)."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if objective is not None and (aggregation != "token" or clip_high is not None):
+        raise ValueError("a given objective takes the token mean with one clip range: "
+                         "leave aggregation and clip_high at their defaults")
+    if advantage is not None and not normalise:
+        raise ValueError("a given advantage function decides the normalisation itself: leave normalise=True")
     pad = tokenizer.special_tokens[END]
     optimizer = AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
-    history: dict = {"reward": [], "kl": [], "tracked": []}
+    history: dict = {"reward": [], "kl": [], "tracked": [], "entropy": [], "length": []}
     reference.eval()
     for _ in bars.steps(steps, "RL"):
         batch = []
@@ -216,23 +242,33 @@ def train_grpo(policy: GPT, reference: GPT, tokenizer: Tokenizer, prompts: list[
             texts = [completion_text(tokenizer, c) for c in groups]
             batch.append((example, groups, texts, torch.tensor([reward(example, t) for t in texts])))
         rewards = torch.stack([b[3] for b in batch])
-        advantages = group_advantages(rewards, normalise)
+        advantages = advantage(rewards) if advantage else group_advantages(rewards, normalise)
         with torch.no_grad():
             policy.eval()
-            olds = [token_logprobs(policy, chat_ids(tokenizer, e.prompt), g, pad)[0] for e, g, _, _ in batch]
+            sampled = [_completion_logprobs(policy, chat_ids(tokenizer, e.prompt), g, pad) for e, g, _, _ in batch]
+            olds = [logp for logp, _, _ in sampled]
             refs = [token_logprobs(reference, chat_ids(tokenizer, e.prompt), g, pad)[0] for e, g, _, _ in batch]
         policy.train()
         for _ in range(updates_per_batch):
             losses, kls = [], []
             for (example, groups, _, _), old, ref, adv in zip(batch, olds, refs, advantages, strict=True):
                 new, mask = token_logprobs(policy, chat_ids(tokenizer, example.prompt), groups, pad)
-                loss, kl = grpo_loss(new, old, ref, mask, adv, clip, clip_high, kl_coef, aggregation, max_tokens)
+                if objective is None:
+                    loss, kl = grpo_loss(new, old, ref, mask, adv, clip, clip_high, kl_coef, aggregation, max_tokens)
+                else:
+                    loss = objective(new, old, ref, mask, adv, clip, kl_coef)
+                    kl = masked_mean(k3(new, ref), mask).detach()
                 losses.append(loss)
                 kls.append(kl)
             optimizer.zero_grad(set_to_none=True)
             torch.stack(losses).mean().backward()
             optimizer.step()
         history["reward"].append(rewards.mean().item())
+        # what practitioners watch besides the reward: the sampling policy's mean token entropy (a
+        # collapse to one answer shows here first) and the answers' mean length in tokens
+        entropy = sum((h * m).sum() for _, m, h in sampled) / sum(m.sum() for _, m, _ in sampled)
+        history["entropy"].append(entropy.item())
+        history["length"].append(float(np.mean([len(c) for _, groups, _, _ in batch for c in groups])))
         history["kl"].append(torch.stack(kls).mean().item())
         if track is not None:
             history["tracked"].append(float(np.mean([track(e, t) for e, _, texts, _ in batch for t in texts])))

@@ -17,7 +17,7 @@ keeps few features on at once, so each one has a chance to mean one thing. Its r
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -56,20 +56,31 @@ def sae_loss(sae: SparseAutoencoder, x: torch.Tensor, l1: float) -> torch.Tensor
     return (x - x_hat).pow(2).sum(-1).mean() + l1 * (f * sae.W_dec.norm(dim=0)).sum(-1).mean()
 
 
+def sae_step(sae: SparseAutoencoder, x: torch.Tensor, l1: float, optimizer: torch.optim.Optimizer) -> float:
+    """One training step on the batch ``x``: :func:`sae_loss`, backward, ``optimizer.step()``.
+    Returns the loss before the step."""
+    loss = sae_loss(sae, x, l1)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+Step = Callable[[SparseAutoencoder, torch.Tensor, float, torch.optim.Optimizer], float]
+
+
 def train_sae(sae: SparseAutoencoder, activations: torch.Tensor, steps: int, l1: float, batch_size: int = 1024,
-              lr: float = 1e-3, seed: int = 0) -> list[float]:
+              lr: float = 1e-3, seed: int = 0, step: Step = sae_step) -> list[float]:
     """Minimise :func:`sae_loss`, ``|x - x_hat|^2 + l1 * sum_i f_i |W_dec[:, i]|`` (the L1 weighted by
-    decoder norms, so shrinking features while growing their decoder columns cannot cheat the penalty)."""
+    decoder norms, so shrinking features while growing their decoder columns cannot cheat the penalty),
+    with Adam on random batches of ``activations``; ``step`` takes each step (module 10's reader
+    writes one)."""
     optimizer = torch.optim.Adam(sae.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(seed)
     losses = []
     for _ in range(steps):
         x = activations[torch.randint(0, len(activations), (batch_size,), generator=generator)]
-        loss = sae_loss(sae, x, l1)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+        losses.append(float(step(sae, x, l1, optimizer)))
     return losses
 
 

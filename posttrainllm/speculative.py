@@ -17,6 +17,7 @@ tokens are cropped out of both KV caches.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +25,9 @@ import torch
 
 from posttrainllm.device import borrowed
 from posttrainllm.model import GPT, KVCache
+
+# judges one draft token: (p, q, token, u) -> (kept, the distribution to resample from or None)
+Rule = Callable[[np.ndarray, np.ndarray, int, float], tuple[bool, "np.ndarray | None"]]
 
 
 @dataclass
@@ -63,20 +67,21 @@ def _feed(model: GPT, cache: KVCache, sequence: list[int], extra: list[int] = ()
 @torch.no_grad()
 def speculative_generate(target: GPT, draft: GPT, prompt: list[int], max_new: int, k: int = 4,
                          temperature: float = 0.0, rng: np.random.Generator | None = None,
-                         device: str | None = None) -> SpecStats:
+                         device: str | None = None, rule: Rule | None = None) -> SpecStats:
     """Generate up to ``max_new`` tokens after ``prompt``; ``temperature=0`` is greedy. Both models
     run on ``device``, borrowed for the call (see :func:`device.borrowed`; by default where the
-    target is)."""
+    target is). When sampling, ``rule`` judges each draft token (:func:`verify` by default;
+    module 10's reader writes one)."""
     if target.config.vocab_size != draft.config.vocab_size:
         raise ValueError("the draft and the target must share one vocabulary")
     if temperature > 0 and rng is None:
         raise ValueError("sampling (temperature > 0) needs an rng")
     with borrowed(target, device) as device, borrowed(draft, device):
-        return _speculate(target, draft, list(prompt), max_new, k, temperature, rng, device)
+        return _speculate(target, draft, list(prompt), max_new, k, temperature, rng, device, rule or verify)
 
 
 def _speculate(target: GPT, draft: GPT, seq: list[int], max_new: int, k: int, temperature: float,
-               rng: np.random.Generator | None, device: str) -> SpecStats:
+               rng: np.random.Generator | None, device: str, rule: Rule) -> SpecStats:
     target.eval()
     draft.eval()
     limit = min(target.config.block_size, draft.config.block_size)
@@ -98,9 +103,9 @@ def _speculate(target: GPT, draft: GPT, seq: list[int], max_new: int, k: int, te
                 stats.draft_forwards += 1
         # ONE target forward over [newest token, *proposed]: row i judges proposed[i], row k_now
         # is the position after them all
-        verify = _feed(target, t_cache, seq, proposed)[-(k_now + 1) :]
+        scores = _feed(target, t_cache, seq, proposed)[-(k_now + 1) :]
         stats.target_forwards += 1
-        kept = _judge(verify, proposed, q, temperature, rng)
+        kept = _judge(scores, proposed, q, temperature, rng, rule)
         stats.considered += min(len(kept), len(proposed))
         stats.accepted += len(kept) - 1
         seq += kept
@@ -123,21 +128,28 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return leftover / leftover.sum()
 
 
-def _judge(verify: torch.Tensor, proposed: list[int], q: list, temperature: float, rng) -> list[int]:
+def verify(p: np.ndarray, q: np.ndarray, token: int, u: float) -> tuple[bool, np.ndarray | None]:
+    """The rule for one draft ``token``: ``(True, None)`` when it is kept (:func:`accepts`), else
+    ``(False, r)`` with ``r`` the distribution its replacement is drawn from (:func:`residual`)."""
+    return (True, None) if accepts(p, q, token, u) else (False, residual(p, q))
+
+
+def _judge(scores: torch.Tensor, proposed: list[int], q: list, temperature: float, rng, rule: Rule) -> list[int]:
     """The tokens a round keeps: the accepted prefix of ``proposed``, then one more — the
     resampled replacement at the first rejection, or the bonus token if none was rejected."""
     kept = []
     for i, token in enumerate(proposed):
         if temperature == 0:
-            best = int(verify[i].argmax())
+            best = int(scores[i].argmax())
             if best != token:
                 return kept + [best]
         else:
-            p = _probs(verify[i], temperature)
-            if not accepts(p, q[i], token, rng.random()):
-                return kept + [int(rng.choice(len(p), p=residual(p, q[i])))]
+            p = _probs(scores[i], temperature)
+            accepted, replacement = rule(p, q[i], token, rng.random())
+            if not accepted:
+                return kept + [int(rng.choice(len(p), p=replacement))]
         kept.append(token)
-    last = verify[len(proposed)]
+    last = scores[len(proposed)]
     bonus = int(last.argmax()) if temperature == 0 else int(rng.choice(len(last), p=_probs(last, temperature)))
     return kept + [bonus]
 

@@ -1480,6 +1480,84 @@ def check_sae_step(sae_step: Callable) -> GateResult:
     return _float64(gate)
 
 
+def check_group_advantages(group_advantages: Callable) -> GateResult:
+    """Gate for module 10: ``group_advantages(rewards) -> advantages``, GRPO's advantages for
+    rewards of shape ``(prompts, group)``: each reward minus its group's mean, divided by the
+    group's population standard deviation plus 1e-6 (so a group whose rewards are all equal gets
+    0, not 0 / 0). Reference: :func:`posttrainllm.rl.group_advantages`."""
+    from posttrainllm.rl import group_advantages as reference
+
+    def cases():
+        torch = _torch()
+        generator = torch.Generator().manual_seed(10)
+        wins = (torch.rand(3, 4, generator=generator) < 0.5).double()
+        wins[:, 0], wins[:, 1] = 1.0, 0.0  # every group contested
+        composite = torch.tensor([[0.0, 0.2, 1.2, 0.2, 0.2, 0.0, 1.2, 0.2]])
+        unanimous = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0]])
+        for label, rewards in [("three prompts, groups of 4 rewards of 0 or 1", wins),
+                               ("one group of 8 composite rewards", composite),
+                               ("a group whose rewards are all equal (std 0) beside one that is not", unanimous)]:
+
+            def want(rewards=rewards):
+                centred = rewards - rewards.mean(-1, keepdim=True)
+                return reference(rewards), {
+                    "divide by the population std (unbiased=False): the group's own spread": centred / (
+                        rewards.std(-1, keepdim=True) + 1e-6),
+                    "divide the centred rewards by the group's std": centred,
+                    "centre each reward on its own group's mean, not the whole batch's": (
+                        rewards - rewards.mean()) / (rewards.std(-1, keepdim=True, unbiased=False) + 1e-6)}
+
+            yield label, (rewards.clone(),), want
+
+    return _tensor_gate("group_advantages", group_advantages, cases)
+
+
+def check_grpo_loss(grpo_loss: Callable) -> GateResult:
+    """Gate for module 10: ``grpo_loss(new, old, ref, mask, advantages, clip, kl_coef) -> loss``,
+    GRPO's objective as a loss: per token, ``min(r A, clip(r, 1 - clip, 1 + clip) A) - kl_coef * k3``
+    with ``r = exp(new - old)`` and the k3 KL estimate ``e^(ref - new) - (ref - new) - 1``; minus
+    its mean over every token in ``mask`` at once. ``new``, ``old`` and ``ref`` hold each sampled
+    token's log-probability, shape ``(responses, T)``; ``advantages`` one value per response.
+    Reference: :func:`posttrainllm.rl.grpo_loss`, token mean."""
+    from posttrainllm.rl import aggregate, k3
+    from posttrainllm.rl import grpo_loss as reference
+
+    def cases():
+        torch = _torch()
+        generator = torch.Generator().manual_seed(11)
+        for label, lengths, clip, kl_coef in [("three answers of 2, 5 and 3 tokens", [2, 5, 3], 0.2, 0.04),
+                                              ("one answer of 4 tokens, no KL penalty", [4], 0.2, 0.0),
+                                              ("four answers, clip 0.1, KL weight 0.5", [6, 1, 3, 6], 0.1, 0.5)]:
+            n, width = len(lengths), max(lengths)
+            old = -torch.rand(n, width, generator=generator) * 3 - 0.1
+            new = old + (torch.rand(n, width, generator=generator) - 0.5)  # ratios well outside the clip range
+            ref = old + (torch.rand(n, width, generator=generator) - 0.5) * 0.6
+            mask = torch.tensor([[1.0] * m + [0.0] * (width - m) for m in lengths])
+            advantages = torch.linspace(-1.2, 1.0, n) if n > 1 else torch.tensor([0.7])
+
+            def want(new=new, old=old, ref=ref, mask=mask, a=advantages[:, None], clip=clip, beta=kl_coef):
+                r = torch.exp(new - old)
+                clipped = torch.clamp(r, 1 - clip, 1 + clip) * a
+                best = torch.minimum(r * a, clipped)
+                kl = k3(new, ref)
+                return reference(new, old, ref, mask, a[:, 0], clip=clip, kl_coef=beta)[0], {
+                    "the loss is minus the objective: gradient descent on it ascends the objective": aggregate(
+                        best - beta * kl, mask),
+                    "take the minimum of the clipped and the unclipped term (the pessimistic bound)": -aggregate(
+                        clipped - beta * kl, mask),
+                    "clip the ratio to [1 - clip, 1 + clip]": -aggregate(r * a - beta * kl, mask),
+                    "subtract the KL penalty from the objective": -aggregate(best + beta * kl, mask),
+                    "the k3 estimate is exp(ref - new) - (ref - new) - 1": -aggregate(
+                        best - beta * (new - ref), mask),
+                    "average only the tokens in the mask": -(best - beta * kl).mean(),
+                    "average every token of the batch at once (the token mean), not each answer first": -aggregate(
+                        best - beta * kl, mask, "sequence")}
+
+            yield label, (new.clone(), old.clone(), ref.clone(), mask.clone(), advantages.clone(), clip, kl_coef), want
+
+    return _tensor_gate("grpo_loss", grpo_loss, cases)
+
+
 def check_verify(verify: Callable) -> GateResult:
     """Gate for module 10: ``verify(p, q, token, u) -> (accepted, replacement)``, speculative
     decoding's rule for one draft ``token``: ``p`` and ``q`` are the target's and the draft's
@@ -1852,6 +1930,8 @@ GATES: dict[str, tuple[int, str]] = {
     "check_verify": (10, WRITE),
     "check_expected_tokens": (10, WRITE),
     "check_alpha_for": (10, FIND),
+    "check_group_advantages": (10, WRITE),
+    "check_grpo_loss": (10, WRITE),
 }
 
 
@@ -1940,13 +2020,16 @@ FIRST = {
                     "return (None, scale / 2, 0).",
     "train_step": "loss = nn.batch_loss(model, X, y); then model.zero_grad(), loss.backward(), and "
                   "p.data -= lr * p.grad for each parameter; return loss.data.",
+    "sae_step": "x_hat, f = sae(x); the squared error is (x - x_hat).pow(2).sum(-1).mean(), summed over each "
+                "vector's dimensions and averaged over the batch; the penalty comes next.",
+    "verify": "keep the token when u < min(1, p[token] / q[token]), and return (True, None) then.",
+    "expected_tokens": "a round yields at least i + 1 tokens with probability alpha ** i, for i = 0 to k; the "
+                       "mean is the sum of those probabilities.",
+    "group_advantages": "centre each group (a row) on its own mean: rewards - rewards.mean(-1, keepdim=True).",
+    "grpo_loss": "the ratio per token is r = torch.exp(new - old), and each answer's advantage reaches its "
+                 "tokens as advantages[:, None].",
 }
 FIRST_OTHERWISE = "replace `raise NotImplementedError` with your code; its docstring says what it takes and returns."
-
-# The modules whose exercises start from a skeleton and keep the book's answers apart, in
-# posttrainllm.solutions. Only their gates are recorded: elsewhere a solution cell still redefines
-# the reader's function under its name, so a pass there cannot be told from the reader's own.
-SKELETON_MODULES = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9})
 
 # The answers that passed a gate in this process, and those still the skeleton (see :func:`yours`).
 _PASSED: weakref.WeakSet = weakref.WeakSet()
@@ -1965,8 +2048,7 @@ def _remember(args: tuple, result: GateResult, name: str, record: bool) -> None:
     for answer in answers:
         with contextlib.suppress(TypeError):  # an object that takes no weak reference
             (_PASSED if result.passed else _SKELETONS if result.first else set()).add(answer)
-    recorded = GATES.get(f"check_{name}", (0, ""))[0] in SKELETON_MODULES
-    if result.passed and record and recorded and not any(_is_books(a) for a in answers):
+    if result.passed and record and not any(_is_books(a) for a in answers):
         try:
             progress_record.mark(name)
         except progress_record.RecordError as err:
@@ -2027,9 +2109,6 @@ def progress(module: int | None = None) -> str:
     modules = sorted({m for m, _ in GATES.values()}) if module is None else [module]
     lines = []
     for m in modules:
-        if m not in SKELETON_MODULES:
-            lines.append(f"Module {m}: not recorded yet (its solutions still replace your functions when run)")
-            continue
         gates = [g.removeprefix("check_") for g, (n, _) in GATES.items() if n == m]
         done = [g for g in gates if g in passed]
         todo = [g for g in gates if g not in passed]

@@ -1,7 +1,7 @@
-"""The notebooks whose exercises start from a skeleton (``mastery.SKELETON_MODULES``) keep their
-promises to the reader: every "write it" exercise is a skeleton, the book's answer comes only
-after it and folded both on the page and in JupyterLab, no solution is defined under the reader's
-name, and the notebook ends with the module's line of the reader's record."""
+"""Every notebook keeps its promises to the reader: every "write it" exercise is a skeleton, the
+book's answer comes only after it and folded both on the page and in JupyterLab, no solution is
+defined under the reader's name, and the notebook ends with the module's line of the reader's
+record."""
 
 import re
 
@@ -19,7 +19,7 @@ def _cells(module: int):
     return nbformat.read(NOTEBOOKS[module], as_version=4).cells
 
 
-@pytest.mark.parametrize("module", sorted(mastery.SKELETON_MODULES))
+@pytest.mark.parametrize("module", sorted(NOTEBOOKS))
 def test_each_write_it_exercise_is_a_skeleton_whose_answer_comes_after_itfolded(module):
     cells = [c for c in _cells(module) if c.cell_type == "code"]
     gates = [g for g, (m, kind) in mastery.GATES.items() if m == module and kind == mastery.WRITE]
@@ -34,7 +34,7 @@ def test_each_write_it_exercise_is_a_skeleton_whose_answer_comes_after_itfolded(
         assert all(folded(cells[i]) for i in shown), "an answer's source is shown unfolded"
 
 
-@pytest.mark.parametrize("module", sorted(mastery.SKELETON_MODULES))
+@pytest.mark.parametrize("module", sorted(NOTEBOOKS))
 def test_answers_are_folded_in_jupyterlab_too_and_never_take_the_readers_names(module):
     cells = _cells(module)
     answers = [c for c in cells if folded(c)]
@@ -47,7 +47,7 @@ def test_answers_are_folded_in_jupyterlab_too_and_never_take_the_readers_names(m
     assert not any(re.search(rf"^{name}\s*=", c.source, flags=re.M) for c in answers for name in reader_names)
 
 
-@pytest.mark.parametrize("module", sorted(mastery.SKELETON_MODULES))
+@pytest.mark.parametrize("module", sorted(NOTEBOOKS))
 def test_the_notebook_ends_with_the_modules_line_of_the_readers_record(module):
     code = [c for c in _cells(module) if c.cell_type == "code"]
     assert code[-1].source == f"print(mastery.progress({module}))"
@@ -56,7 +56,7 @@ def test_the_notebook_ends_with_the_modules_line_of_the_readers_record(module):
     assert stored.startswith(f"Module {module}: 0 of ")
 
 
-@pytest.mark.parametrize("module", sorted(mastery.SKELETON_MODULES))
+@pytest.mark.parametrize("module", sorted(NOTEBOOKS))
 def test_the_curriculum_says_the_reader_builds_each_piece_the_notebook_asks_for(module):
     text = (ROOT / "book" / "curriculum.md").read_text(encoding="utf-8")
     section = re.search(rf"^## Module {module}:(.*?)(?=^## |\Z)", text, flags=re.M | re.S)[1]
