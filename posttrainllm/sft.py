@@ -171,7 +171,19 @@ def reply(model: GPT, tokenizer: Tokenizer, prompt: str, max_tokens: int = 48) -
 def right_answers(model: GPT, tokenizer: Tokenizer, test_set: list[Example]) -> np.ndarray:
     """Per prompt, whether the greedy reply is exactly the right response (whitespace-trimmed): the
     paired scores that :mod:`posttrainllm.comparison` compares models with."""
-    return np.array([reply(model, tokenizer, e.prompt).strip() == e.response for e in test_set], dtype=bool)
+    return graded(greedy_replies(model, tokenizer, test_set), test_set)
+
+
+def greedy_replies(model: GPT, tokenizer: Tokenizer, test_set: list[Example]) -> list[str]:
+    """The model's greedy :func:`reply` to each example's prompt."""
+    return [reply(model, tokenizer, e.prompt) for e in test_set]
+
+
+def graded(replies: list[str], test_set: list[Example]) -> np.ndarray:
+    """Per reply, whether it is exactly its example's response (whitespace-trimmed)."""
+    if len(replies) != len(test_set):
+        raise ValueError(f"{len(replies)} replies for {len(test_set)} examples: one reply per example is needed")
+    return np.array([r.strip() == e.response for r, e in zip(replies, test_set, strict=True)], dtype=bool)
 
 
 def exact_match(model: GPT, tokenizer: Tokenizer, test_set: list[Example]) -> float:

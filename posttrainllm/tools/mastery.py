@@ -1558,6 +1558,47 @@ def check_grpo_loss(grpo_loss: Callable) -> GateResult:
     return _tensor_gate("grpo_loss", grpo_loss, cases)
 
 
+def check_mcnemar_p(mcnemar_p: Callable) -> GateResult:
+    """Gate for module 10: ``mcnemar_p(first, second) -> p``, McNemar's exact two-sided test of two
+    models' right/wrong answers to the same questions (two boolean arrays): with ``b`` questions
+    only the first got right and ``c`` only the second, twice ``P(X <= min(b, c))`` for ``X ~
+    Binomial(b + c, 1/2)``, at most 1, and 1 when they never disagree (McNemar, 1947). Reference:
+    :func:`posttrainllm.comparison.mcnemar_p`."""
+    from posttrainllm.comparison import mcnemar_p as reference
+
+    def tail(n: int, k: int, strict: bool = False) -> float:
+        return sum(math.comb(n, i) for i in range(k if strict else k + 1)) / 2**n
+
+    result = GateResult("mcnemar_p")
+    rng = np.random.default_rng(47)
+    for label, b, c, both, neither in [("10 questions only the first got right, 2 only the second", 10, 2, 30, 18),
+                                       ("as many either way: no evidence at all", 7, 7, 20, 6),
+                                       ("they never disagree", 0, 0, 25, 15),
+                                       ("400 questions, 31 against 15", 15, 31, 150, 204)]:
+        result.cases += 1
+        first = np.array([True] * b + [False] * c + [True] * both + [False] * neither)
+        second = np.array([False] * b + [True] * c + [True] * both + [False] * neither)
+        order = rng.permutation(len(first))
+        first, second = first[order], second[order]
+        want = reference(first, second)
+        got, err = _call(mcnemar_p, first.copy(), second.copy())
+        number = _number(got)
+        if err:
+            result.failures.append(f"{label}: {err}")
+        elif number is None:
+            result.failures.append(f"{label}: expected a number, got {got!r}")
+        elif not math.isclose(number, want, rel_tol=1e-9, abs_tol=1e-12):
+            n, k = b + c, min(b, c)
+            slips = {"two-sided: double the smaller tail": tail(n, k) if n else None,
+                     "only the questions the two disagree on count": min(1.0, 2 * tail(len(first), k)),
+                     "at least as uneven includes the observed split itself: P(X <= min(b, c))": (
+                         min(1.0, 2 * tail(n, k, strict=True)) if n else None),
+                     "a probability is at most 1: cap twice the tail at 1": 2 * tail(n, k) if n else None}
+            hint = _named_slip(number, slips, lambda g, alt: alt is not None and math.isclose(g, alt, rel_tol=1e-9))
+            result.failures.append(f"{label}: got {number:.6g}, expected {want:.6g}{hint}")
+    return result
+
+
 def check_verify(verify: Callable) -> GateResult:
     """Gate for module 10: ``verify(p, q, token, u) -> (accepted, replacement)``, speculative
     decoding's rule for one draft ``token``: ``p`` and ``q`` are the target's and the draft's
@@ -1932,6 +1973,7 @@ GATES: dict[str, tuple[int, str]] = {
     "check_alpha_for": (10, FIND),
     "check_group_advantages": (10, WRITE),
     "check_grpo_loss": (10, WRITE),
+    "check_mcnemar_p": (10, WRITE),
 }
 
 
@@ -2028,6 +2070,8 @@ FIRST = {
     "group_advantages": "centre each group (a row) on its own mean: rewards - rewards.mean(-1, keepdim=True).",
     "grpo_loss": "the ratio per token is r = torch.exp(new - old), and each answer's advantage reaches its "
                  "tokens as advantages[:, None].",
+    "mcnemar_p": "count b, the questions only the first got right, (first & ~second).sum(), and c, those only "
+                 "the second got right.",
 }
 FIRST_OTHERWISE = "replace `raise NotImplementedError` with your code; its docstring says what it takes and returns."
 

@@ -328,8 +328,8 @@ def test_progress_lists_every_module_on_the_command_line():
     lines = run.stdout.splitlines()
     assert lines[0] == f"the gates you have passed, from {record.path()}:"
     assert len([line for line in lines if line.startswith("Module ")]) == 10
-    assert ("Module 10: 0 of 6 gates passed; not yet: sae_step, verify, expected_tokens, alpha_for, "
-            "group_advantages, grpo_loss") in lines
+    assert ("Module 10: 0 of 7 gates passed; not yet: sae_step, verify, expected_tokens, alpha_for, "
+            "group_advantages, grpo_loss, mcnemar_p") in lines
     assert "Module 4: 1 of 5 gates passed (value); not yet: backward, backward_rule, train_step, graph_size" in lines
     assert lines[-1] == "1 passed in all"
 

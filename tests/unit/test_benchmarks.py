@@ -20,6 +20,7 @@ SCRIPTS = {  # script -> the result tables it writes
     "attention": ["attention_memory", "gpt_throughput"],
     "autograd_engines": ["autograd_engines"],
     "drift": ["drift"],
+    "grpo_search": ["grpo_headroom", "grpo_search"],
     "matmul": ["matmul"],
     "roofline": ["roofline_cpu", "roofline_operations_cpu"],
     "tokenizer": ["tokenizer_training", "tokenizer_encoding"],

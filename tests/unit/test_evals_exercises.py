@@ -23,9 +23,10 @@ from tests.exercises import (
 NOTEBOOK = ROOT / "notebooks" / "10-evals-and-interpretability.ipynb"
 CALLS = {"sae_step": "check_sae_step(sae_step)", "verify": "check_verify(verify)",
          "expected_tokens": "check_expected_tokens(expected_tokens", "alpha_for": "check_alpha_for(alpha",
-         "group_advantages": "check_group_advantages(group_advantages)", "grpo_loss": "check_grpo_loss(grpo_loss)"}
+         "group_advantages": "check_group_advantages(group_advantages)", "grpo_loss": "check_grpo_loss(grpo_loss)",
+         "mcnemar_p": "check_mcnemar_p(mcnemar_p)"}
 FUNCTIONS = {"sae_step": "sae_step", "verify": "verify", "expected_tokens": "expected_tokens",
-             "group_advantages": "group_advantages", "grpo_loss": "grpo_loss"}
+             "group_advantages": "group_advantages", "grpo_loss": "grpo_loss", "mcnemar_p": "mcnemar_p"}
 
 # A reader's answers, written apart from the book's: the cells they type.
 READER = {
@@ -87,11 +88,23 @@ def grpo_loss(new, old, ref, mask, advantages, clip, kl_coef):
 
 mastery.check_grpo_loss(grpo_loss)
 ''',
+    "mcnemar_p": '''
+def mcnemar_p(first, second):
+    b = int(np.sum(first & ~second))
+    c = int(np.sum(second & ~first))
+    if b + c == 0:
+        return 1.0
+    tail = sum(math.comb(b + c, i) for i in range(min(b, c) + 1)) / 2 ** (b + c)
+    return min(1.0, 2 * tail)
+
+
+mastery.check_mcnemar_p(mcnemar_p)
+''',
 }
 
 
 def _run(sources: list[str]) -> dict:
-    return run_cells(sources, torch=torch, np=np, measured={})
+    return run_cells(sources, torch=torch, np=np, math=math, measured={})
 
 
 def test_each_exercise_in_the_notebook_is_a_skeleton_its_gate_calls_not_written_yet():
@@ -120,8 +133,16 @@ LOSS_SLIPS = [("return -(per_token * mask).sum() / mask.sum()", "return (per_tok
                "return -((per_token * mask).sum(1) / mask.sum(1)).mean()", "the token mean")]
 
 
+MCNEMAR_SLIPS = [("return min(1.0, 2 * tail)", "return tail", "double the smaller tail"),
+                 ("return min(1.0, 2 * tail)", "return 2 * tail", "cap twice the tail at 1"),
+                 ("range(min(b, c) + 1)", "range(min(b, c))", "includes the observed split"),
+                 ("    tail = sum(math.comb(b + c, i) for i in range(min(b, c) + 1)) / 2 ** (b + c)",
+                  "    tail = sum(math.comb(len(first), i) for i in range(min(b, c) + 1)) / 2 ** len(first)",
+                  "only the questions the two disagree on")]
+
+
 @pytest.mark.parametrize(("gate", "old", "new", "named"), [("group_advantages", *s) for s in ADVANTAGE_SLIPS] +
-                         [("grpo_loss", *s) for s in LOSS_SLIPS])
+                         [("grpo_loss", *s) for s in LOSS_SLIPS] + [("mcnemar_p", *s) for s in MCNEMAR_SLIPS])
 def test_each_slip_is_named(gate, old, new, named):
     assert old in READER[gate]
     result = getattr(mastery, f"check_{gate}")(_run([READER[gate].replace(old, new)])[FUNCTIONS[gate]])
@@ -131,6 +152,7 @@ def test_each_slip_is_named(gate, old, new, named):
 @pytest.mark.parametrize(("gate", "old", "new"), [
     ("group_advantages", "(spread + 1e-6)", "(spread + 1e-6) * 1.1"),
     ("grpo_loss", "per_token = surrogate - kl_coef * kl", "per_token = surrogate - 2 * kl_coef * kl"),
+    ("mcnemar_p", "return min(1.0, 2 * tail)", "return min(1.0, 3 * tail)"),
 ])
 def test_a_wrong_answer_the_gate_has_no_name_for_still_fails(gate, old, new):
     result = getattr(mastery, f"check_{gate}")(_run([READER[gate].replace(old, new)])[FUNCTIONS[gate]])
@@ -174,15 +196,16 @@ def test_a_given_objective_must_leave_the_aggregation_and_the_upper_clip_alone()
 @pytest.mark.slow
 @pytest.mark.serial
 def test_the_notebook_goes_on_with_the_readers_code_once_it_passes():
-    # up to the last cell that runs the reader's code; the canary, memorisation and greedy speculative
+    # up to the GRPO runs, the last cell before the continual-learning cycle that runs the reader's code (that
+    # cycle trains for 47 s and runs only their McNemar test); the canary, memorisation and greedy speculative
     # runs (a minute and a half, none of it the reader's) stand in as the figures the notebook stored
     given = {"def story_tokens(": "pass", "styled = lora.inject(": "pass",
              "reference = [evals.greedy_continuation(": (
                  "target, draft = base_model(SPECULATIVE_TARGET)[0], base_model(SPECULATIVE_DRAFT)[0]\n"
                  "prompts = [list(val_ids[i * 97 : i * 97 + 12]) for i in range(20)]\n"
                  "measured = {1: (0.898, 1.87), 2: (0.906, 2.65), 4: (0.914, 4.03)}  # stored by the notebook")}
-    everything = run_with_answers(NOTEBOOK, READER, CALLS, until="lengths, budget = [2, 6, 12], 12", given=given)
-    trained_with = ("sae_step", "verify", "group_advantages", "grpo_loss")
+    everything = run_with_answers(NOTEBOOK, READER, CALLS, until="small_q = sft.examples(", given=given)
+    trained_with = ("sae_step", "verify", "group_advantages", "grpo_loss", "mcnemar_p")
     for name in trained_with:
         assert f"Your {name} passed its gate: the cells below run yours." in everything
     assert "the book's rule on the same draws gives the same tokens: True" in everything

@@ -229,3 +229,11 @@ def test_serving_logs_every_wrong_answer_and_a_refresh_trains_a_new_adapter_on_t
     continual.refresh(model, tok, log, replay=requests[:2], name="v1", targets=TARGETS, rank=2, steps=5)
     assert {m.active for m in model.modules() if isinstance(m, lora.LoRALinear)} == {"v1"}
     assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
+
+
+def test_graded_replies_are_the_right_answers_and_a_missing_reply_is_named():
+    questions = sft.examples("questions", 3)
+    replies = [f" {questions[0].response} ", "wrong", questions[2].response]
+    assert sft.graded(replies, questions).tolist() == [True, False, True]
+    with pytest.raises(ValueError, match="2 replies for 3 examples"):
+        sft.graded(replies[:2], questions)
