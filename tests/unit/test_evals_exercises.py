@@ -89,6 +89,9 @@ def grpo_loss(new, old, ref, mask, advantages, clip, kl_coef):
 mastery.check_grpo_loss(grpo_loss)
 ''',
     "mcnemar_p": '''
+import math
+
+
 def mcnemar_p(first, second):
     b = int(np.sum(first & ~second))
     c = int(np.sum(second & ~first))
