@@ -18,6 +18,7 @@ from posttrainllm.pretrained import Recipe, base_model, float64
 from posttrainllm.train import load_file, save_file
 
 TUNE_VERSION = 2  # bump whenever sft_model or dpo_model changes what the same arguments produce
+GRPO_VERSION = 2  # bump whenever grpo_model's run or the history it keeps changes (2: entropy and length)
 TUNED_FORMAT = "posttrainllm-tuned-1"
 TARGETS = ("attn.qkv", "attn.proj", "mlp.up", "mlp.proj")  # module 9 adapts every projection in every block
 
@@ -80,27 +81,29 @@ def sft_model(rank: int | None = 4, steps: int = 500, recipe: Recipe = Recipe(),
 
 
 def dpo_model(nll_weight: float = 0.0, steps: int = 150, sft_steps: int = 500, recipe: Recipe = Recipe(),
-              cache_dir: Path | None = None) -> tuple[GPT, dict]:
+              cache_dir: Path | None = None, questions: int = 600) -> tuple[GPT, dict]:
     """Module 9's DPO model and its history (loss, margin, chosen log-probability per step): the LoRA
-    r=4 :func:`sft_model` tuned on pairs from its own wrong answers to 600 fresh training questions,
-    with itself as the frozen reference (beta 0.1, lr 3e-4); ``nll_weight`` adds the RPO term."""
+    r=4 :func:`sft_model` tuned on pairs from its own wrong answers to ``questions`` fresh training
+    questions, with itself as the frozen reference (beta 0.1, lr 3e-4); ``nll_weight`` adds the RPO term."""
     from posttrainllm import preference, sft
 
     def fit(model: GPT) -> dict:
         reference, tokenizer = sft_model(4, sft_steps, recipe, cache_dir)[0], base_model(recipe, cache_dir)[1]
         model.load_state_dict(reference.state_dict())
-        pairs = preference.mistake_pairs(reference, tokenizer, sft.examples("questions", 600, seed=1))
+        pairs = preference.mistake_pairs(reference, tokenizer, sft.examples("questions", questions, seed=1))
         return preference.train_dpo(model, reference, tokenizer, pairs, steps=steps, lr=3e-4, beta=0.1,
                                     nll_weight=nll_weight)
 
-    name = f"dpo-nll{nll_weight:g}-{steps}-sft{sft_steps}-{recipe.key}"
+    asked = "" if questions == 600 else f"-q{questions}"  # the book's 600 keep the cache's existing names
+    name = f"dpo-nll{nll_weight:g}-{steps}-sft{sft_steps}{asked}-{recipe.key}"
     return _tuned(name, _sft_skeleton(4, recipe, cache_dir), fit, cache_dir)
 
 
 def grpo_model(reward: str, steps: int = 100, sft_steps: int = 500, recipe: Recipe = Recipe(),
                cache_dir: Path | None = None) -> tuple[GPT, dict]:
     """Module 10's GRPO policy for ``reward`` (a key of :data:`posttrainllm.rl.REWARDS`) and its
-    history (reward, KL, tracked correctness per step): the LoRA r=4 :func:`sft_model` with its
+    history (per step: reward, KL, tracked correctness, the policy's token entropy and the answers'
+    length; see :func:`rl.train_grpo`): the LoRA r=4 :func:`sft_model` with its
     weights rounded by :func:`rl.reproducible_start`, trained for ``steps`` steps on 500 training
     questions (seed 4) at lr 2e-3 with a KL penalty of 0.04 to that same start, its sampled answers'
     correctness tracked beside the reward."""
@@ -118,5 +121,5 @@ def grpo_model(reward: str, steps: int = 100, sft_steps: int = 500, recipe: Reci
         return rl.train_grpo(model, start(), tokenizer, pool, rl.REWARDS[reward], steps=steps, lr=2e-3,
                              kl_coef=0.04, track=lambda e, c: evals.correctness(c, e.response))
 
-    name = f"grpo-{rl.REWARDS[reward].__name__}-{steps}-sft{sft_steps}-{recipe.key}"
+    name = f"grpo-{rl.REWARDS[reward].__name__}-{steps}-sft{sft_steps}-{recipe.key}-h{GRPO_VERSION}"
     return _tuned(name, start, fit, cache_dir)

@@ -108,7 +108,9 @@ def test_a_damaged_fine_tuned_file_is_rebuilt_and_full_sft_trains_every_weight(t
 
 @pytest.mark.slow
 def test_dpo_model_starts_from_the_lora_sft_model_and_records_its_run(tmp_path):
-    policy, history = dpo_model(nll_weight=1.0, steps=2, sft_steps=2, recipe=CHAT, cache_dir=tmp_path)
+    policy, history = dpo_model(nll_weight=1.0, steps=2, sft_steps=2, recipe=CHAT, cache_dir=tmp_path, questions=40)
+    [cached] = tmp_path.glob("tuned-dpo-*")
+    assert cached.name.startswith(f"tuned-dpo-nll1-2-sft2-q40-{CHAT.key}")  # the book's 600 questions add no -q
     reference, _ = sft_model(rank=4, steps=2, recipe=CHAT, cache_dir=tmp_path)
     assert set(history) == {"loss", "margin", "chosen_logp"} and len(history["loss"]) == 2
     assert history["margin"][0] == 0.0  # step one: policy == reference, so no margin yet
@@ -118,7 +120,8 @@ def test_dpo_model_starts_from_the_lora_sft_model_and_records_its_run(tmp_path):
 def test_grpo_model_is_cached_with_its_history_and_names_an_unknown_reward(tmp_path):
     name = "proxy: the answer is a phrase of the prompt"
     policy, history = grpo_model(name, steps=2, sft_steps=2, recipe=CHAT, cache_dir=tmp_path)
-    assert {"reward", "kl", "tracked"} <= set(history) and len(history["reward"]) == 2
+    assert set(history) == {"reward", "kl", "tracked", "entropy", "length"} and len(history["reward"]) == 2
+    assert all(len(values) == 2 for values in history.values()) and min(history["entropy"]) > 0
     [cached] = [p for p in tmp_path.iterdir() if p.name.startswith("tuned-grpo-phrase_of_prompt")]
     stamp = cached.stat().st_mtime_ns
     again, history_again = grpo_model(name, steps=2, sft_steps=2, recipe=CHAT, cache_dir=tmp_path)
