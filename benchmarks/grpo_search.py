@@ -15,6 +15,7 @@ Every configuration runs in its own process with one PyTorch thread, ``--jobs`` 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -58,7 +59,7 @@ def run(name: str, quick: bool) -> list:
     cfg = BOOK | CONFIGS[name] | ({"steps": 2} if quick else {})
     tok = base_model()[1]
     start = rl.reproducible_start(sft_model(4)[0])
-    policy = rl.reproducible_start(sft_model(4)[0])
+    policy = copy.deepcopy(start)
     pool, test = _questions(quick)
     h = rl.train_grpo(policy, start, tok, pool, REWARDS[cfg["reward"]], steps=cfg["steps"], lr=cfg["lr"],
                       kl_coef=cfg["kl"], temperature=cfg["temperature"], prompts_per_step=cfg["prompts"],
