@@ -35,19 +35,25 @@ def replacing(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def locked(path: str | Path) -> Iterator[None]:
+def locked(path: str | Path, wait: bool = True) -> Iterator[None]:
     """An exclusive lock on a sidecar file beside ``path`` for the block, so that two processes that
-    read, change and replace ``path`` never lose each other's change."""
+    read, change and replace ``path`` never lose each other's change. ``wait=False``: if another
+    process holds it, raise ``BlockingIOError`` at once instead of waiting."""
     path = Path(path)
     with open(path.with_name(f".{path.name}.lock"), "a+b") as handle:
         try:
             import fcntl
 
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except ImportError:  # Windows
             import msvcrt
 
-            msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)
+            try:
+                msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK if wait else msvcrt.LK_NBLCK, 1)
+            except OSError as err:  # LK_NBLCK's answer when the lock is held
+                if wait:
+                    raise
+                raise BlockingIOError(*err.args) from None
         yield  # released when the handle closes
 
 

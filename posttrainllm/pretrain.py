@@ -1,7 +1,14 @@
 """Module 8: the book's GPT pretrained by ``torchrun``, on one process or many, CPU or GPU.
 
+    python -m posttrainllm.pretrain --processes 2 --config tiny steps=200 out=runs/tiny
     torchrun --nproc_per_node=2 -m posttrainllm.pretrain --config tiny steps=200 out=runs/tiny
     python -m posttrainllm.pretrain --config gpt2-small data=tokens.npy      # one process
+
+``--processes N`` checks the settings, the data and the run's folder (:func:`check`) before it
+starts torchrun, so a mistake there is one line of error and no process is started. Under a bare
+``torchrun`` every process makes the same checks, rank 0 names the problem in one line, and
+torchrun then reports the failed processes in its own words. A second run into a folder that a
+run is using is refused: rank 0 holds a lock on it.
 
 ``torchrun`` starts one process per device and gives each ``RANK``, ``LOCAL_RANK`` and
 ``WORLD_SIZE``; each joins one process group (NCCL on CUDA, gloo on the CPU) and wraps the model:
@@ -36,6 +43,7 @@ refused with a message, and no file can make the loader run code.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -43,6 +51,7 @@ import math
 import os
 import pickle
 import re
+import shutil
 import sys
 import time
 import tomllib
@@ -196,9 +205,8 @@ class Windows:
                 self._epoch, self._perm = epoch, np.random.default_rng([self.seed, epoch]).permutation(self.n)
             start = int(self._perm[j]) * self.span
             out[row] = self.ids[start : start + self.span]
-        if self.vocab_size is not None and out.max() >= self.vocab_size:  # checked as read: the file may be huge
-            raise ValueError(f"token id {out.max()} is outside the model's vocabulary of {self.vocab_size}: "
-                             "the data and model.vocab_size do not belong together")
+        if self.vocab_size is not None:  # checked as read too: run() may be given ids no check has seen
+            _check_id_range(out.min(), out.max(), self.vocab_size)
         block = torch.from_numpy(out)
         return block[:, :-1].contiguous(), block[:, 1:].contiguous()
 
@@ -217,6 +225,49 @@ def token_ids(data: str) -> np.ndarray:
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"{path} holds {ids.dtype} of shape {ids.shape}, not a 1-D array of token ids")
     return ids
+
+
+def _check_id_range(low: int, high: int, vocab_size: int) -> None:
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise RunError(f"token id {bad} is outside the model's vocabulary of {vocab_size} (0 to {vocab_size - 1}): "
+                       "the data and model.vocab_size do not belong together")
+
+
+class RunError(ValueError):
+    """What stops a run for a reason its user can fix (busy folder, full disk, data, a checkpoint):
+    the command line says it in one line, without a traceback."""
+
+
+def check(config: PretrainConfig) -> None:
+    """Everything that can be wrong before the first step, checked at once so that no process starts
+    on it: the device, the data (its file, its shape, every id within the vocabulary, enough ids for
+    one window), the run folder (a folder that can be written, and a checkpoint in it of this
+    model's shape). Raises ``RunError`` naming the first problem."""
+    try:
+        resolve_device(config.device or os.environ.get(ENV) or "auto")
+        ids = token_ids(config.data)
+    except ValueError as err:
+        raise RunError(str(err)) from None
+    span = config.model.block_size + 1
+    if len(ids) < span:
+        raise RunError(f"{config.data}: {len(ids)} tokens do not fill one window of model.block_size + 1 = {span}")
+    chunk = 1 << 24  # the file may be larger than memory: its range is read a slice at a time
+    low, high = zip(*((int(part.min()), int(part.max())) for part in
+                      (ids[i : i + chunk] for i in range(0, len(ids), chunk))), strict=True)
+    _check_id_range(min(low), max(high), config.model.vocab_size)
+    out = Path(config.out)
+    if out.exists() and not out.is_dir():
+        raise RunError(f"out={config.out!r} is a file: name a folder for the run's log and checkpoints")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RunError(f"out={config.out!r}: the run's folder cannot be made: {err.strerror}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise RunError(f"out={config.out!r} cannot be written")
+    newest = latest(out)
+    if newest is not None:
+        resume_state(newest, config.model)
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -329,14 +380,26 @@ def _gather(value, launch: Launch) -> list:
 
 def save(directory: Path, model: GPT, optimizer: torch.optim.Optimizer, step: int, samples: int,
          config: PretrainConfig, launch: Launch) -> None:
-    """Write ``directory`` (one step's checkpoint) from every process: DCP shards, then ``state.pt``."""
+    """Write ``directory`` (one step's checkpoint) from every process: DCP shards, then ``state.pt``.
+    A save that fails for want of disk space removes what it wrote and raises ``RunError`` naming
+    the last good checkpoint; other failures are raised as they come."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    with _one_process_quiet(launch):
-        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory / "dcp"),
-                 no_dist=not launch.distributed)
+    both = {"model": model_state, "optimizer": optim_state}
+    try:
+        with _one_process_quiet(launch):
+            dcp.save(both, checkpoint_id=str(directory / "dcp"), no_dist=not launch.distributed)
+        _finish_save(directory, step, samples, config, launch)
+    except BaseException as err:  # DCP's CheckpointException is a BaseException
+        if isinstance(err, KeyboardInterrupt | SystemExit):
+            raise
+        _disk_full(directory, _bytes(both), err, launch)
+        raise
+
+
+def _finish_save(directory: Path, step: int, samples: int, config: PretrainConfig, launch: Launch) -> None:
     rngs = _gather(_rng_state(), launch)
     if launch.rank == 0:
         files = {p.name: _sha256(p) for p in sorted((directory / "dcp").iterdir())}
@@ -344,6 +407,33 @@ def save(directory: Path, model: GPT, optimizer: torch.optim.Optimizer, step: in
                    "config": json.dumps(asdict(config)), "rng": rngs, "files": files}, directory / "state.pt")
     if launch.distributed:
         dist.barrier()
+
+
+def _bytes(state) -> int:
+    """The bytes of every tensor in a nested state dict (what a checkpoint of it writes, about)."""
+    if isinstance(state, torch.Tensor):
+        local = state.to_local() if hasattr(state, "to_local") else state  # a DTensor: this process's shard
+        return local.numel() * local.element_size()
+    if isinstance(state, dict):
+        return sum(_bytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(_bytes(v) for v in state)
+    return 0
+
+
+def _disk_full(directory: Path, needed: int, err: BaseException, launch: Launch) -> None:
+    """Raise ``RunError`` if ``err`` came from a full disk: an ``ENOSPC``, or (torch's writers say
+    "enforce fail" instead) less space left than the checkpoint needs. Its partial files go first."""
+    if launch.rank == 0:
+        shutil.rmtree(directory, ignore_errors=True)  # never a checkpoint: its state.pt is written last
+    free = shutil.disk_usage(directory.parent).free
+    if getattr(err, "errno", None) != errno.ENOSPC and free >= needed:
+        return
+    last = latest(directory.parent)
+    raise RunError(f"could not save {directory.name}: the disk holding {directory.parent} is full ({free:,} bytes "
+                   f"free, a checkpoint needs about {needed:,}). "
+                   + (f"The last good checkpoint is {last.name}; free some space and run again to resume from it."
+                      if last else "No checkpoint was saved; free some space and run again."))
 
 
 def checkpoints(out: Path) -> list[Path]:
@@ -423,6 +513,20 @@ def read_state(directory: Path) -> dict:
     return state
 
 
+def resume_state(directory: Path, shape: GPTConfig) -> dict:
+    """``read_state(directory)`` for a run of a model of config ``shape``; a damaged checkpoint, or one
+    of another shape, raises ``RunError`` (naming the newest whole checkpoint before a damaged one)."""
+    try:
+        state = read_state(directory)
+    except ValueError as err:
+        raise RunError(f"{err}.{_earlier_whole(Path(directory))}") from None
+    saved = json.loads(state["config"])["model"]
+    # the seed only draws the initial weights, which the checkpoint replaces: not part of the shape
+    if {k: v for k, v in saved.items() if k != "seed"} != {k: v for k, v in asdict(shape).items() if k != "seed"}:
+        raise RunError(f"{directory} holds a model of another shape {saved}: give this run its own out=")
+    return state
+
+
 def load(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, launch: Launch,
          shape: GPTConfig) -> dict:
     """Fill ``model`` (a GPT of config ``shape``, already wrapped for this world size) and
@@ -430,14 +534,7 @@ def load(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    try:
-        state = read_state(directory)
-    except ValueError as err:  # a damaged newest checkpoint: name the one to fall back to
-        raise ValueError(f"{err}.{_earlier_whole(Path(directory))}") from None
-    saved = json.loads(state["config"])["model"]
-    # the seed only draws the initial weights, which the checkpoint replaces: not part of the shape
-    if {k: v for k, v in saved.items() if k != "seed"} != {k: v for k, v in asdict(shape).items() if k != "seed"}:
-        raise ValueError(f"{directory} holds a model of another shape {saved}: give this run its own out=")
+    state = resume_state(directory, shape)
     model_state, optim_state = get_state_dict(model, optimizer)
     both = {"model": model_state, "optimizer": optim_state}
     with _one_process_quiet(launch):
@@ -482,17 +579,33 @@ def _log_lines(path: Path) -> list[str]:
 def run(config: PretrainConfig) -> list[float]:
     """Train (resuming from the newest checkpoint in ``config.out`` if there is one); return the
     losses of the steps this call ran. Rank 0 shows a progress bar and appends to ``log.jsonl``."""
-    launch = start(config)
-    try:
-        return _train(config, launch)
-    finally:
-        if launch.distributed:
-            dist.destroy_process_group()
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with _sole_writer(out, int(os.environ.get("RANK", "0"))):
+        launch = start(config)
+        try:
+            return _train(config, launch)
+        finally:
+            if launch.distributed:
+                dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _sole_writer(out: Path, rank: int):
+    """Rank 0 holds ``out``'s lock for the whole run: a second run into the same folder is refused,
+    not left to interleave its log lines and checkpoints with the first's."""
+    with contextlib.ExitStack() as held:
+        if rank == 0:
+            try:
+                held.enter_context(atomic.locked(out / "log.jsonl", wait=False))
+            except BlockingIOError:
+                raise RunError(f"out={str(out)!r} is in use by another run: wait for it to end, or give this "
+                               "run its own out=") from None
+        yield
 
 
 def _train(config: PretrainConfig, launch: Launch) -> list[float]:
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed + launch.rank)
     windows = Windows(token_ids(config.data), config.model.block_size, config.seed, config.model.vocab_size)
     model = GPT(config.model).to(PRECISIONS[config.precision]).to(launch.device)
@@ -555,16 +668,9 @@ def launch(out: str | Path, overrides: list[str], processes: int = 1, config: st
     ``torchrun`` (rendezvous on 127.0.0.1, a free port) when ``processes`` > 1 or ``torchrun`` is
     true, else as one plain process. Return the loss of every step in ``out``'s log; a failed run
     raises ``RuntimeError`` with the end of its stderr."""
-    import socket
     import subprocess
 
-    prefix = []
-    if processes > 1 or torchrun:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        prefix = ["-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--master_addr=127.0.0.1",
-                  f"--master_port={port}"]
+    prefix = _torchrun(processes) if processes > 1 or torchrun else []
     command = [sys.executable, *prefix, "-m", "posttrainllm.pretrain", "--config", config, f"out={out}",
                "progress=false", *overrides]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
@@ -574,19 +680,50 @@ def launch(out: str | Path, overrides: list[str], processes: int = 1, config: st
     return [json.loads(line)["loss"] for line in _log_lines(Path(out) / "log.jsonl")]
 
 
+def _torchrun(processes: int) -> list[str]:
+    """``python`` arguments that start torchrun with ``processes`` processes on this machine, its
+    rendezvous on 127.0.0.1 at a free port."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return ["-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--master_addr=127.0.0.1",
+            f"--master_port={port}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m posttrainllm.pretrain", description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="tiny", help="a shipped config (tiny, gpt2-small) or a TOML file")
+    parser.add_argument("--processes", type=int, default=1, metavar="N",
+                        help="start N processes under torchrun, once the settings, data and folder are checked")
     parser.add_argument("overrides", nargs="*", help="key=value, e.g. steps=20 model.n_layer=4 parallel=fsdp")
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
+        check(config)
     except (ValueError, TypeError) as err:
-        parser.error(str(err))
-    run(config)
+        return _refuse(parser.prog, err)
+    if args.processes > 1 and "RANK" not in os.environ:
+        import subprocess
+
+        command = [sys.executable, *_torchrun(args.processes), "-m", "posttrainllm.pretrain", "--config",
+                   args.config, *args.overrides]
+        return subprocess.run(command, check=False).returncode
+    try:
+        run(config)
+    except RunError as err:  # any other error is the trainer's own fault: its traceback is kept
+        return _refuse(parser.prog, err)
     return 0
+
+
+def _refuse(prog: str, err: Exception) -> int:
+    """One line, from one process: under torchrun every process meets the same problem."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"{prog}: error: {err}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

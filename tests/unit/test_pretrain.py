@@ -1,12 +1,15 @@
 """The torchrun trainer: real ``torchrun`` launches of 2 gloo processes on 127.0.0.1, DDP and FSDP2,
 checkpoints that resume exactly, and checkpoints that are refused."""
 
+import contextlib
 import os
 import pickle
 import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from posttrainllm import pretrain
 
@@ -250,3 +253,114 @@ def test_a_state_file_missing_a_key_is_named(checkpoint, tmp_path):
     save_file({"format": pretrain.STATE_FORMAT, "step": 2, "files": {}}, copy / "state.pt")
     with pytest.raises(ValueError, match="state.pt lacks config, rng, samples, world_size"):
         pretrain.read_state(copy)
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused(tokens, tmp_path):
+    from posttrainllm import atomic
+
+    with atomic.locked(tmp_path / "log.jsonl"):  # what a run in progress holds
+        with pytest.raises(RuntimeError, match="is in use by another run"):
+            launch(tmp_path, tokens, "steps=2", processes=1)
+    assert not (tmp_path / "log.jsonl").exists()  # the refused run wrote nothing
+    assert len(launch(tmp_path, tokens, "steps=2", processes=1)) == 2  # and once it is free, a run goes ahead
+
+
+def cli(*arguments, processes: int = 1):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "posttrainllm.pretrain", *arguments, "progress=false"]
+    if processes > 1:
+        command[3:3] = ["--processes", str(processes)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("data=neg.npy", "token id -1 is outside the model's vocabulary of 64 (0 to 63)"),
+    ("data=floats.npy", "holds float64 of shape (30,), not a 1-D array of token ids"),
+    ("data=missing.npy", "give 'builtin' or an existing .npy file"),
+    ("model.block_size=40", "30 tokens do not fill one window of model.block_size + 1 = 41"),
+    ("device=tpu", "unknown device 'tpu'"),
+    ("out=a-file", "out='a-file' is a file"),
+    ("out=a-file/run", "the run's folder cannot be made"),
+])
+def test_what_is_wrong_before_a_run_is_one_line_from_one_process(setting, message, tmp_path):
+    np.save(tmp_path / "neg.npy", np.array([-1, *range(29)], dtype=np.int64))
+    np.save(tmp_path / "floats.npy", np.ones(30))
+    np.save(tmp_path / "ids.npy", np.arange(30) % 64)
+    (tmp_path / "a-file").write_text("")
+    with contextlib.chdir(tmp_path):
+        done = cli(*MODEL, "model.block_size=8", "data=ids.npy", "steps=1", "device=cpu", setting, processes=2)
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()  # one line, from one process
+    assert line.startswith("python -m posttrainllm.pretrain: error: ") and message in line
+    assert "torch.distributed.run" not in done.stderr  # refused before torchrun started a process
+
+
+@pytest.mark.slow
+def test_a_full_disk_names_the_last_good_checkpoint(tokens, tmp_path):
+    """A real full disk: a 1 MiB tmpfs in a mount namespace of the test's own (unshare), which holds
+    the first checkpoint and not the second."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.skip("unshare cannot make a mount namespace here, so no small disk can be mounted")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    run = [sys.executable, "-m", "posttrainllm.pretrain", *MODEL, *RUN, f"data={tokens}", f"out={disk}/run",
+           "progress=false", "save_every=5"]
+    script = f"mount -t tmpfs -o size=1m none {disk} && {' '.join(run)}; echo $?; ls {disk}/run"
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120)
+    code, *left = done.stdout.split()
+    assert code == "2" and "Traceback" not in done.stderr, done.stderr
+    assert re.fullmatch(r"python -m posttrainllm.pretrain: error: could not save step-0000(10|15): the disk holding "
+                        r".*/run is full \([0-9,]+ bytes free, a checkpoint needs about [0-9,]+\)\. The last good "
+                        r"checkpoint is step-0000(05|10); free some space and run again to resume from it\.\n",
+                        done.stderr), done.stderr
+    saved = re.search(r"step-0000(05|10);", done.stderr)[0][:-1]
+    assert left[-1] == saved  # the failed save's partial folder is gone; the last good one is kept
+
+
+# every setting the trainer reads, with values a person might type by mistake
+FUZZ_VALUES = {
+    "steps": [0, 1, 2, -1, 1.5, "two", True], "micro_batch": [0, 1, 3, -2, "4", 2.0],
+    "grad_accum": [0, 1, 2, False], "lr": [1e-3, 0, -1, "nan", "inf", "1e-2", 1e300],
+    "min_lr": [0, 1e-4, 1, -1], "warmup": [0, 1, 50, -1], "weight_decay": [0, 0.1, -0.1, "nan"],
+    "max_grad_norm": [0, 1, -1, "inf"], "parallel": ["ddp", "fsdp", "zero", 1],
+    "precision": ["fp32", "fp64", "fp8", ""],
+    "compile": ['"false"', "yes", 1], "device": ["cpu", "", "cuda", "tpu", "cpu:0", "mps"],
+    "save_every": [0, 1, -1], "stop_after": [0, 1, -1], "seed": [0, 3, -1, "x"],
+    "reshard_after_forward": [True, "no"], "model.vocab_size": [64, 63, 0, 100],
+    "model.block_size": [8, 1, 0, 40, 100000], "model.n_layer": [1, 0, -1], "model.n_head": [1, 2, 3, 0],
+    "model.n_embd": [16, 6, 0, 18], "model.n_kv_head": [1, 2, 0, 3], "model.window": [1, 4, 0],
+    "model.norm": ["rmsnorm", "batchnorm"], "model.mlp": ["swiglu", "relu"], "model.positions": ["rope", "alibi"],
+    "model.attention": ["naive", "flash", "sdpa", "fast"], "model.tie_weights": [False, "false"],
+    "model.seed": [0, -1], "data": ["builtin", "nope.npy", "ids.npy"], "out": ["", "a-file"], "stpes": [1],
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(FUZZ_VALUES)), st.integers(0, 99), min_size=1, max_size=4))
+def test_any_settings_give_a_clean_run_or_one_line_of_error(tmp_path_factory, chosen):
+    """The trainer's contract on the command line: whatever key=value settings it is given, it trains
+    or it says what is wrong in one line, exit 2; never a traceback."""
+    import io
+
+    folder = tmp_path_factory.mktemp("fuzz")
+    np.save(folder / "ids.npy", np.arange(400) % 64)
+    (folder / "a-file").write_text("")
+    values = {key: FUZZ_VALUES[key][i % len(FUZZ_VALUES[key])] for key, i in chosen.items()}
+    settings_ = [*MODEL, "model.block_size=8", "model.n_embd=16", "steps=2", "micro_batch=2", "data=ids.npy",
+                 "out=run", *(f"{key}={value}" for key, value in values.items())]
+    stderr = io.StringIO()
+    with contextlib.chdir(folder), contextlib.redirect_stderr(stderr):
+        code = pretrain.main(["--config", "tiny", "progress=false", *settings_])
+    assert code in (0, 2), values
+    if code == 2:
+        assert stderr.getvalue().count("\n") == 1 and stderr.getvalue().startswith(
+            "python -m posttrainllm.pretrain: error: "), stderr.getvalue()
+    else:
+        assert len(pretrain._log_lines(folder / "run" / "log.jsonl")) >= 1
