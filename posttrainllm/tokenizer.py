@@ -201,16 +201,17 @@ def compile_pattern(pattern: str, engine: str = "auto"):
     return re.compile(to_stdlib_pattern(pattern))
 
 
-def pretokens(compiled, text: str) -> list[str]:
-    """The pre-tokens of ``text`` under a compiled split pattern: its matches and, as pre-tokens of
-    their own, any text between them, so a pattern that does not cover every character (``\\w+``)
-    cannot drop the rest. GPT-2's and GPT-4's patterns cover everything: then this is ``findall``."""
+def pretokens(compiled, text: str, start: int = 0) -> list[str]:
+    """The pre-tokens of ``text[start:]`` under a compiled split pattern: its matches and, as
+    pre-tokens of their own, any text between them, so a pattern that does not cover every character
+    (``\\w+``) cannot drop the rest. GPT-2's and GPT-4's patterns cover everything: then this is
+    ``findall``. ``text[:start]`` is context only: what a ``\\b`` or a look-behind at ``start`` sees."""
     if compiled.groups == 0:
-        found = compiled.findall(text)
-        if sum(map(len, found)) == len(text):
+        found = compiled.findall(text, start)
+        if sum(map(len, found)) == len(text) - start:
             return [piece for piece in found if piece]
-    pieces, end = [], 0
-    for match in compiled.finditer(text):
+    pieces, end = [], start
+    for match in compiled.finditer(text, start):
         if match.start() > end:
             pieces.append(text[end : match.start()])
         if match.end() > match.start():
@@ -219,6 +220,38 @@ def pretokens(compiled, text: str) -> list[str]:
     if end < len(text):
         pieces.append(text[end:])
     return pieces
+
+
+@functools.cache
+def context_width(pattern: str) -> int:
+    """How many characters before a pre-token's start the split ``pattern`` can look at: the width
+    of its longest look-behind, and 1 for ``\\b``, ``\\B`` and ``^``, which ask what comes before (or
+    whether anything does). GPT-2's and GPT-4's patterns look only ahead: 0. A look-behind of no
+    fixed width (the regex package allows them) raises ``ValueError``: a stream cannot bound it."""
+    import re._constants as codes
+    import re._parser as parser
+
+    try:
+        stdlib = to_stdlib_pattern(pattern)
+        re.compile(stdlib)  # refuses a look-behind of no fixed width, which parsing lets through
+        tree = parser.parse(stdlib)
+    except (re.error, ValueError) as err:
+        raise ValueError(f"the split pattern {pattern!r} cannot be checked for look-behind, so it cannot be "
+                         f"streamed (encode the whole text instead): {err}") from None
+
+    def reach(node) -> int:
+        if isinstance(node, parser.SubPattern):
+            return max((reach(item) for item in node.data), default=0)
+        if isinstance(node, tuple) and len(node) == 2 and node[0] in (codes.ASSERT, codes.ASSERT_NOT):
+            direction, inner = node[1]
+            return max(inner.getwidth()[1] if direction < 0 else 0, reach(inner))
+        if isinstance(node, tuple) and len(node) == 2 and node[0] is codes.AT:
+            return 0 if node[1] in (codes.AT_END, codes.AT_END_LINE, codes.AT_END_STRING) else 1
+        if isinstance(node, tuple | list):
+            return max((reach(item) for item in node), default=0)
+        return 0
+
+    return reach(tree)
 
 
 def pretokenize(text: str, pattern: str = GPT4_SPLIT) -> list[str]:
@@ -556,7 +589,10 @@ class Tokenizer:
         """
         allowed = self._allowed(allowed_special)
         hold = max(map(len, self.special_tokens), default=1) - 1  # how much of a special token can be unfinished
-        ordinary = pending = ""  # text whose last pre-token may still grow; text not yet scanned for specials
+        width = context_width(self.pattern)  # what a pre-token's split may read before it: kept as `before`
+        # text already encoded that the next split may look back at; text whose last pre-token may still
+        # grow; text not yet scanned for special tokens
+        before = ordinary = pending = ""
         for piece in chain(texts, [None]):
             last = piece is None
             pending += piece or ""
@@ -567,13 +603,17 @@ class Tokenizer:
                     limit = min(limit, found.start())
                     break
                 self._check_special(found.group(), allowed)
-                yield from self.encode_ordinary(ordinary + pending[start : found.start()])
+                for chunk in pretokens(self._split, before + ordinary + pending[start : found.start()], len(before)):
+                    yield from self._encode_chunk(chunk)
                 yield self.special_tokens[found.group()]
-                ordinary, start = "", found.end()
+                before, ordinary, start = "", "", found.end()  # encode splits the text at specials: no context
             limit = max(start, limit)
-            chunks = pretokens(self._split, ordinary + pending[start:limit])
+            text = ordinary + pending[start:limit]
+            chunks = pretokens(self._split, before + text, len(before))
             pending = pending[limit:]
             ordinary = "" if last or not chunks else chunks.pop()
+            done = before + text[: len(text) - len(ordinary)]
+            before = done[max(0, len(done) - width) :]
             for chunk in chunks:
                 yield from self._encode_chunk(chunk)
 

@@ -4,6 +4,7 @@ The ranks come from the js-tiktoken npm package that `make vendor` installs (no 
 the first test proves they are byte for byte the file tiktoken itself downloads.
 """
 
+import base64
 import functools
 import hashlib
 import inspect
@@ -164,3 +165,53 @@ def test_a_rank_table_that_is_not_bpe_is_refused(ranks, message):
 def test_a_file_that_is_not_a_rank_table_is_named(tmp_path, text):
     with pytest.raises(ValueError, match="ranks.tiktoken is not a rank table"):
         bpe_ranks.read_ranks(write(tmp_path, text))
+
+
+def test_a_published_encoding_must_have_its_published_hash(tmp_path):
+    """A file cut short at a line's end, or with two ranks swapped, parses: only the hash that tiktoken
+    publishes tells it from the real cl100k_base (named by the file, or by the caller)."""
+    whole = bpe_ranks.tiktoken_file_text(rank_table().ranks)
+    lines = whole.splitlines(keepends=True)
+    cut = tmp_path / "cl100k_base.tiktoken"
+    cut.write_text("".join(lines[:-1000]))
+    with pytest.raises(ValueError, match="does not hold cl100k_base's ranks: their SHA-256 is [0-9a-f]{64}, tiktoken"):
+        bpe_ranks.read_ranks(cut)
+    swapped = tmp_path / "ranks.tiktoken"
+    a, b = lines[5000].split()[0], lines[5001].split()[0]
+    swapped.write_text("".join(lines[:5000]) + f"{b} 5000\n{a} 5001\n" + "".join(lines[5002:]))
+    assert len(bpe_ranks.read_ranks(swapped).ranks) == 100256  # well formed: another tokenizer
+    with pytest.raises(ValueError, match="does not hold cl100k_base's ranks"):
+        bpe_ranks.read_ranks(swapped, encoding="cl100k_base")
+    (tmp_path / "whole.tiktoken").write_text(whole)
+    assert bpe_ranks.read_ranks(tmp_path / "whole.tiktoken", encoding="cl100k_base").ranks == rank_table().ranks
+    with pytest.raises(ValueError, match="no published hash for 'cl200k'"):
+        bpe_ranks.read_ranks(tmp_path / "whole.tiktoken", encoding="cl200k")
+
+
+def test_every_js_tiktoken_module_has_its_published_hash():
+    for name in ("r50k_base", "gpt2", "p50k_base", "p50k_edit", "o200k_base"):
+        bpe_ranks.read_ranks(RANKS.with_name(f"{name}.js"))  # checked against PUBLISHED_SHA256 by its name
+
+
+BYTES = "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256))
+
+
+@pytest.mark.parametrize("text, message", [
+    (BYTES + "YWI= 256\nYWI= 257\n", "the token b'ab' is listed twice"),
+    (BYTES + "YWI= 256\nY2Q= 256\n", "the id 256 is given to two tokens"),
+    (BYTES + "YWI= 257\n", "no token has the rank 256, though the ranks go up to 257"),
+    (BYTES.replace("AA== 0\n", ""), "no token has the rank 0"),
+    ('{"bpe_ranks": 5, "pat_str": "x", "special_tokens": {}}', "bpe_ranks is int, not the packed text"),
+    ('{"bpe_ranks": "", "pat_str": "x", "special_tokens": {"<|a|>": "1"}}', "special_tokens must map text to whole"),
+])
+def test_a_rank_file_of_no_published_encoding_numbers_each_token_once(tmp_path, text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        bpe_ranks.read_ranks(write(tmp_path, text))
+
+
+def test_a_rank_file_that_is_not_text_is_named(tmp_path):
+    path = tmp_path / "ranks.tiktoken"
+    path.write_bytes(BYTES.encode() + b"\xff\xfe 256\n")
+    with pytest.raises(ValueError, match=r"ranks.tiktoken is not a rank table: it is not UTF-8 text \(invalid start "
+                                         r"byte at byte \d+\)"):
+        bpe_ranks.read_ranks(path)

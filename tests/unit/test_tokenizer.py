@@ -13,9 +13,11 @@ from posttrainllm.tokenizer import (
     FORMAT_V1,
     FORMAT_V2,
     GPT2_SPLIT,
+    GPT4_SPLIT,
     Tokenizer,
     _checksum,
     apply_merges,
+    context_width,
     count_words,
     merge_pair,
     merge_work,
@@ -260,6 +262,34 @@ def test_a_pattern_that_misses_characters_loses_no_text(text, pattern):
     tok = Tokenizer([(97, 98)], pattern=pattern)  # one merge, so "ab" inside a gap is merged too
     assert tok.decode(tok.encode_ordinary(text)) == text
     assert list(tok.encode_iterable(text[i : i + 7] for i in range(0, len(text), 7))) == tok.encode_ordinary(text)
+
+
+# patterns that look behind a pre-token's start: a stream must carry that much of the text before it
+LOOKING_BACK = [r"\b\w|\w+|\s+|[^\w\s]+", r"(?<=th)e|\w+|\s+|.", r"(?<!\d)\d{1,2}|\w+|\s+|.", r"^\w|\w+|\s+|.",
+                r"(?m)^\w|\w+|\s+|.", r"\B\w|\s+|."]
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(st.sampled_from(["the", " cat", "<|endoftext|>", "12", "345", "\n", "é", " ", ".", "th", "e"]),
+                      max_size=14),
+       cuts=st.lists(st.integers(1, 6), min_size=1, max_size=5), pattern=st.sampled_from(LOOKING_BACK))
+def test_a_stream_gives_the_ids_of_the_whole_text_under_patterns_that_look_back(parts, cuts, pattern):
+    tok, text = Tokenizer.train("the cat 12345 then\n" * 5, 270, pattern=pattern, special_tokens=["<|endoftext|>"]), \
+        "".join(parts)
+    pieces, i = [], 0
+    while i < len(text):
+        step = cuts[len(pieces) % len(cuts)]
+        pieces.append(text[i : i + step])
+        i += step
+    assert list(tok.encode_iterable(pieces, allowed_special="all")) == tok.encode(text, allowed_special="all")
+
+
+def test_how_far_a_pattern_looks_back():
+    assert [context_width(p) for p in (GPT2_SPLIT, GPT4_SPLIT, *LOOKING_BACK)] == [0, 0, 1, 2, 1, 1, 1, 1]
+    tok = Tokenizer([], pattern=r"(?<=a+)b|.")  # the regex package's look-behind of any length
+    assert tok.encode("aab") == [97, 97, 98]
+    with pytest.raises(ValueError, match="cannot be checked for look-behind, so it cannot be streamed"):
+        list(tok.encode_iterable(["aab"]))
 
 
 def test_cut_utf8_decodes_with_replacement_characters():
