@@ -93,6 +93,8 @@ class Scoreboard:
         """Add a model's per-question right/wrong (the same questions, in the same order, for
         every model) and any extra columns, already formatted as text."""
         right = _scores(right)
+        if right.size == 0:
+            raise ValueError(f"{name!r} was scored on no questions: a scoreboard needs one at least for an accuracy")
         others = next(iter(self.right.values()), right)
         if right.shape != others.shape:
             raise ValueError(f"{name!r} was scored on {right.size} questions, the others on {others.size}: "

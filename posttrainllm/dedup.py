@@ -25,6 +25,8 @@ _PRIME = 4_294_967_311  # the first prime above 2**32: (a * x + b) mod p fits in
 def normalise(text: str) -> str:
     """Case-folded, letters and digits only (of any script: Cyrillic, Greek and Han text keep their
     words), single spaces."""
+    if not isinstance(text, str):
+        raise TypeError(f"a document is text (str), not {type(text).__name__}")
     return " ".join(re.findall(r"[^\W_]+", text.casefold()))
 
 
@@ -85,8 +87,18 @@ def candidate_probability(similarity: float, bands: int, rows: int) -> float:
 
 def near_duplicates(texts: list[str], threshold: float = 0.7, num_perm: int = 128, bands: int = 32,
                     n: int = 3, seed: int = 0) -> list[tuple[int, int, float]]:
-    """``(i, j, jaccard)`` for the candidate pairs whose exact shingle Jaccard is at least ``threshold``."""
+    """``(i, j, jaccard)`` for the candidate pairs whose exact shingle Jaccard is at least ``threshold``
+    (none for fewer than two texts). ``num_perm`` hash values are cut into ``bands`` bands of equal size."""
+    for name, value in (("num_perm", num_perm), ("bands", bands), ("n", n)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+    if num_perm % bands:
+        raise ValueError(f"num_perm={num_perm} hash values do not split into bands={bands} bands of equal size")
+    if not 0 <= threshold <= 1:
+        raise ValueError(f"threshold is a Jaccard similarity, from 0 to 1; got {threshold!r}")
     sets = [shingles(t, n) for t in texts]
+    if len(sets) < 2:
+        return []
     hasher = MinHasher(num_perm, seed)
     signatures = np.stack([hasher.signature(s) for s in sets])
     found = ((i, j, jaccard(sets[i], sets[j])) for i, j in candidate_pairs(signatures, bands))

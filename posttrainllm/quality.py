@@ -24,6 +24,8 @@ RULES = {
 
 def problems(text: str) -> list[str]:
     """The names of the :data:`RULES` that ``text`` breaks (empty: it passes)."""
+    if not isinstance(text, str):
+        raise TypeError(f"a document is text (str), not {type(text).__name__}")
     words = text.split()
     found = []
     if not words:

@@ -43,7 +43,8 @@ def load(file: Path | None = None) -> dict[str, str]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise AnswersError(f"cannot read your study answers in {file}: {err}. Nothing was changed; "
                            "move the file aside to start afresh, or set POSTTRAINLLM_STUDY_ANSWERS.") from None
-    answers = data.get("answers") if isinstance(data, dict) else None
+    data = data if isinstance(data, dict) else {}  # a JSON list or number is not an answers file either
+    answers = data.get("answers")
     if data.get("version") != VERSION or not isinstance(answers, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in answers.items()):
         raise AnswersError(f"{file} is not a study-answers file of version {VERSION} "

@@ -39,7 +39,8 @@ def load(file: Path | None = None) -> set[str]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise RecordError(f"cannot read your record of passed gates in {file}: {err}. Nothing was changed; "
                           "move the file aside to start a new record, or set POSTTRAINLLM_PROGRESS.") from None
-    passed = data.get("passed") if isinstance(data, dict) else None
+    data = data if isinstance(data, dict) else {}  # a JSON list or number is not a record either
+    passed = data.get("passed")
     if data.get("version") != VERSION or not isinstance(passed, list) or not all(isinstance(g, str) for g in passed):
         raise RecordError(f'{file} is not a record of passed gates ({{"version": {VERSION}, "passed": [...]}}); '
                           "nothing was changed.")

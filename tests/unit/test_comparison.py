@@ -93,3 +93,10 @@ def test_mcnemar_matches_the_exact_binomial_tail(discordant, fewer):
 def test_settings_outside_their_range_are_refused(call):
     with pytest.raises(ValueError):
         call()
+
+
+def test_a_scoreboard_refuses_a_model_scored_on_no_questions():
+    board = Scoreboard()
+    with pytest.raises(ValueError, match="'empty' was scored on no questions"):
+        board.add("empty", [])
+    assert board.right == {}  # nothing half-added

@@ -1,6 +1,7 @@
 """Deduplication, quality rules, n-gram contamination and the planted curation pipeline."""
 
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -80,3 +81,24 @@ def test_planted_set_and_stages_remove_each_fault():
     assert final["junk"] == final["leaked"] == 0
     with pytest.raises(ValueError, match="unknown stage 'tidy'"):
         curation.stage_model("tidy")
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: dedup.near_duplicates([], bands=0), ValueError, "bands must be a whole number of at least 1, got 0"),
+    (lambda: dedup.near_duplicates(["a b c"], num_perm=0), ValueError, "num_perm must be a whole number"),
+    (lambda: dedup.near_duplicates(["a b c"], n=True), ValueError, "n must be a whole number"),
+    (lambda: dedup.near_duplicates(["a b c"], bands=5), ValueError, "num_perm=128 hash values do not split into "
+                                                                    "bands=5"),
+    (lambda: dedup.near_duplicates(["a b c"], threshold=1.5), ValueError, "from 0 to 1; got 1.5"),
+    (lambda: dedup.near_duplicates(["a b c", None]), TypeError, "a document is text (str), not NoneType"),
+    (lambda: dedup.exact_duplicates([b"bytes"]), TypeError, "a document is text (str), not bytes"),
+    (lambda: quality.problems(None), TypeError, "a document is text (str), not NoneType"),
+    (lambda: contamination.dirty([7], ["a b c"], n=1), TypeError, "not int"),
+])
+def test_curation_names_bad_input(call, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        call()
+
+
+def test_fewer_than_two_texts_have_no_near_duplicates():
+    assert dedup.near_duplicates([]) == [] and dedup.near_duplicates(["only one text here"]) == []
