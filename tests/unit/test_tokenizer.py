@@ -274,14 +274,24 @@ LOOKING_BACK = [r"\b\w|\w+|\s+|[^\w\s]+", r"(?<=th)e|\w+|\s+|.", r"(?<!\d)\d{1,2
                       max_size=14),
        cuts=st.lists(st.integers(1, 6), min_size=1, max_size=5), pattern=st.sampled_from(LOOKING_BACK))
 def test_a_stream_gives_the_ids_of_the_whole_text_under_patterns_that_look_back(parts, cuts, pattern):
-    tok, text = Tokenizer.train("the cat 12345 then\n" * 5, 270, pattern=pattern, special_tokens=["<|endoftext|>"]), \
-        "".join(parts)
+    tok, text = trained_on(pattern), "".join(parts)
+    pieces = cut(text, cuts)
+    assert list(tok.encode_iterable(pieces, allowed_special="all")) == tok.encode(text, allowed_special="all")
+
+
+@functools.cache
+def trained_on(pattern: str) -> Tokenizer:
+    return Tokenizer.train("the cat 12345 then\n" * 5, 270, pattern=pattern, special_tokens=["<|endoftext|>"])
+
+
+def cut(text: str, cuts: list[int]) -> list[str]:
+    """``text`` in pieces of the lengths ``cuts``, repeated as often as needed."""
     pieces, i = [], 0
     while i < len(text):
         step = cuts[len(pieces) % len(cuts)]
         pieces.append(text[i : i + step])
         i += step
-    assert list(tok.encode_iterable(pieces, allowed_special="all")) == tok.encode(text, allowed_special="all")
+    return pieces
 
 
 def test_how_far_a_pattern_looks_back():
@@ -304,11 +314,7 @@ def test_cut_utf8_decodes_with_replacement_characters():
        cuts=st.lists(st.integers(1, 9), min_size=1, max_size=5))
 def test_streaming_handles_special_tokens_split_across_pieces(parts, cuts):
     tok, text = trained(), "".join(parts)
-    pieces, i = [], 0
-    while i < len(text):
-        step = cuts[len(pieces) % len(cuts)]
-        pieces.append(text[i : i + step])
-        i += step
+    pieces = cut(text, cuts)
     assert list(tok.encode_iterable(pieces, allowed_special="all")) == tok.encode(text, allowed_special="all")
     allowed = {"<|user|>"}
     if "<|endoftext|>" in text:
