@@ -111,11 +111,16 @@ class PretrainConfig:
             if not (math.isfinite(value) and value >= 0) or (key == "lr" and value == 0):
                 raise ValueError(f"{key} must be a finite number{' above' if key == 'lr' else ', at least'} 0, "
                                  f"got {value}" + (" (0 turns clipping off)" if key == "max_grad_norm" else ""))
+        if self.lr > MAX_LR:
+            raise ValueError(f"lr={self.lr} is above {MAX_LR}: AdamW moves each weight by about lr a step, so no "
+                             "model trains there (and past about 1e37 the step overflows float32)")
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr={self.min_lr} is above lr={self.lr}: the schedule decays from lr down to min_lr")
         if not self.out:
             raise ValueError("out must name the run's folder")
 
+
+MAX_LR = 10.0  # module 8's range test blows up past 1e-1; ten is a hundred times that
 
 # the least value of each whole-number setting
 FLOORS = {"micro_batch": 1, "grad_accum": 1, "steps": 1, "warmup": 0, "save_every": 0, "stop_after": 0, "seed": 0,

@@ -205,6 +205,7 @@ def test_a_torn_last_log_line_is_dropped_with_a_warning_on_resume(tmp_path):
     ("lr=nan", "lr must be a finite number above 0"),
     ("lr=inf", "lr must be a finite number above 0"),
     ("lr=0", "lr must be a finite number above 0"),
+    ("lr=1e300", "lr=1e+300 is above 10.0"),
     ("min_lr=1", "min_lr=1 is above lr"),
     ('compile="false"', "compile must be true or false, got 'false'"),
     ("progress=no", "progress must be true or false, got 'no'"),
