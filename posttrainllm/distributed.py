@@ -53,7 +53,9 @@ def train_single(config: GPTConfig, ids: np.ndarray, steps: int, batch_size: int
     return model.state_dict(), losses
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that no process is listening on now: where a local process group
+    (torchrun's rendezvous, or ``mp.spawn``'s workers) can meet."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -129,7 +131,7 @@ def train_parallel_modes(
         raise ValueError(f"batch_size={batch_size} does not split evenly over world_size={world_size} processes")
     results = {}
     with tempfile.TemporaryDirectory() as out:
-        args = (world_size, _free_port(), tuple(modes), asdict(config), ids, steps, batch_size, lr, seed, out,
+        args = (world_size, free_port(), tuple(modes), asdict(config), ids, steps, batch_size, lr, seed, out,
                 torch.get_default_dtype())
         mp.spawn(_worker, args=args, nprocs=world_size, join=True)
         for mode in modes:

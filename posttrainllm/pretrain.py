@@ -688,13 +688,10 @@ def launch(out: str | Path, overrides: list[str], processes: int = 1, config: st
 def _torchrun(processes: int) -> list[str]:
     """``python`` arguments that start torchrun with ``processes`` processes on this machine, its
     rendezvous on 127.0.0.1 at a free port."""
-    import socket
+    from posttrainllm.distributed import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     return ["-m", "torch.distributed.run", f"--nproc_per_node={processes}", "--master_addr=127.0.0.1",
-            f"--master_port={port}"]
+            f"--master_port={free_port()}"]
 
 
 def main(argv: list[str] | None = None) -> int:

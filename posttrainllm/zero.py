@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from posttrainllm.distributed import _free_port
+from posttrainllm.distributed import free_port
 from posttrainllm.model import GPT, GPTConfig
 from posttrainllm.optim import AdamW
 
@@ -107,6 +107,6 @@ def measure(config: GPTConfig, world_size: int, modes: tuple[str, ...] = ("ddp",
     if unknown:
         raise ValueError(f"unknown modes {sorted(unknown)}: choose from ddp, zero1, fsdp")
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_worker, args=(world_size, _free_port(), asdict(config), list(modes), out), nprocs=world_size,
+        mp.spawn(_worker, args=(world_size, free_port(), asdict(config), list(modes), out), nprocs=world_size,
                  join=True)
         return [torch.load(Path(out) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
