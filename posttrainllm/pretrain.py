@@ -95,6 +95,10 @@ class PretrainConfig:
     device: str = ""  # "" = POSTTRAINLLM_DEVICE, else "auto" (CUDA, then MPS, then the CPU)
     out: str = "runs/pretrain"
     save_every: int = 0  # 0: save only at the end
+    keep: int = 0  # keep only the newest this many checkpoints; 0: keep them all
+    val_data: str = ""  # held-out ids for a validation loss: "builtin" (the oracle's last 10%) or a .npy
+    eval_every: int = 0  # > 0: the validation loss every this many steps, in the log (needs val_data)
+    nonfinite: str = "stop"  # a step whose loss or gradient norm is NaN or infinite: "stop" or "skip" it
     stop_after: int = 0  # > 0: stop after this step as a crash would (no final save); the resume test's cut
     seed: int = 0
     progress: bool = True
@@ -104,6 +108,10 @@ class PretrainConfig:
         _check_fields(GPTConfig, vars(self.model), "model.")
         if self.parallel not in ("ddp", "fsdp"):
             raise ValueError(f"parallel must be 'ddp' or 'fsdp', got {self.parallel!r}")
+        if self.nonfinite not in ("stop", "skip"):
+            raise ValueError(f"nonfinite must be 'stop' or 'skip', got {self.nonfinite!r}")
+        if self.eval_every and not self.val_data:
+            raise ValueError("eval_every needs val_data: 'builtin' (with data=builtin) or a .npy of held-out ids")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {self.precision!r}")
         for key in ("lr", "min_lr", "weight_decay", "max_grad_norm"):
@@ -124,6 +132,7 @@ MAX_LR = 10.0  # module 8's range test blows up past 1e-1; ten is a hundred time
 
 # the least value of each whole-number setting
 FLOORS = {"micro_batch": 1, "grad_accum": 1, "steps": 1, "warmup": 0, "save_every": 0, "stop_after": 0, "seed": 0,
+          "keep": 0, "eval_every": 0,
           "model.vocab_size": 1, "model.block_size": 1, "model.n_layer": 1, "model.n_head": 1, "model.n_embd": 1,
           "model.n_kv_head": 1, "model.window": 1, "model.seed": 0}
 
@@ -216,16 +225,17 @@ class Windows:
         return block[:, :-1].contiguous(), block[:, 1:].contiguous()
 
 
-def token_ids(data: str) -> np.ndarray:
-    """The token stream: ``builtin`` (module 7's oracle corpus), or a ``.npy`` file, memory-mapped
-    so each process reads only the windows it trains on."""
+def token_ids(data: str, held_out: bool = False) -> np.ndarray:
+    """The token stream: ``builtin`` (module 7's oracle corpus: its first 90%, or with ``held_out``
+    its last 10%), or a ``.npy`` file, memory-mapped so each process reads only the windows it
+    trains on."""
     if data == "builtin":
         from posttrainllm.model import oracle_setup
 
-        return oracle_setup().train_ids
+        return oracle_setup().val_ids if held_out else oracle_setup().train_ids
     path = Path(data)
     if path.suffix != ".npy" or not path.is_file():
-        raise ValueError(f"data={data!r}: give 'builtin' or an existing .npy file of token ids")
+        raise ValueError(f"{data!r} is neither 'builtin' nor an existing .npy file of token ids")
     ids = np.load(path, mmap_mode="r", allow_pickle=False)
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"{path} holds {ids.dtype} of shape {ids.shape}, not a 1-D array of token ids")
@@ -251,16 +261,11 @@ def check(config: PretrainConfig) -> None:
     model's shape). Raises ``RunError`` naming the first problem."""
     try:
         resolve_device(config.device or os.environ.get(ENV) or "auto")
-        ids = token_ids(config.data)
     except ValueError as err:
         raise RunError(str(err)) from None
-    span = config.model.block_size + 1
-    if len(ids) < span:
-        raise RunError(f"{config.data}: {len(ids)} tokens do not fill one window of model.block_size + 1 = {span}")
-    chunk = 1 << 24  # the file may be larger than memory: its range is read a slice at a time
-    low, high = zip(*((int(part.min()), int(part.max())) for part in
-                      (ids[i : i + chunk] for i in range(0, len(ids), chunk))), strict=True)
-    _check_id_range(min(low), max(high), config.model.vocab_size)
+    for name, data in (("data", config.data), ("val_data", config.val_data if config.eval_every else "")):
+        if data:
+            _check_ids(name, data, config.model)
     out = Path(config.out)
     if out.exists() and not out.is_dir():
         raise RunError(f"out={config.out!r} is a file: name a folder for the run's log and checkpoints")
@@ -273,6 +278,21 @@ def check(config: PretrainConfig) -> None:
     newest = latest(out)
     if newest is not None:
         resume_state(newest, config.model)
+
+
+def _check_ids(name: str, data: str, model: GPTConfig) -> None:
+    """``data`` (the setting ``name``) can be read, fills one window, and holds only ids of the vocabulary."""
+    try:
+        ids = token_ids(data, held_out=name == "val_data")
+    except ValueError as err:
+        raise RunError(f"{name}: {err}") from None
+    span = model.block_size + 1
+    if len(ids) < span:
+        raise RunError(f"{name}={data!r}: {len(ids)} tokens do not fill one window of model.block_size + 1 = {span}")
+    chunk = 1 << 24  # the file may be larger than memory: its range is read a slice at a time
+    low, high = zip(*((int(part.min()), int(part.max())) for part in
+                      (ids[i : i + chunk] for i in range(0, len(ids), chunk))), strict=True)
+    _check_id_range(min(low), max(high), model.vocab_size)
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -613,6 +633,8 @@ def _train(config: PretrainConfig, launch: Launch) -> list[float]:
     out = Path(config.out)
     torch.manual_seed(config.seed + launch.rank)
     windows = Windows(token_ids(config.data), config.model.block_size, config.seed, config.model.vocab_size)
+    val = Windows(token_ids(config.val_data, held_out=True), config.model.block_size, config.seed,
+                  config.model.vocab_size) if config.eval_every else None
     model = GPT(config.model).to(PRECISIONS[config.precision]).to(launch.device)
     if config.compile:
         model.compile()
@@ -646,25 +668,58 @@ def _train(config: PretrainConfig, launch: Launch) -> list[float]:
                 (micro_loss / config.grad_accum).backward()
             loss += micro_loss.detach().double() / config.grad_accum
         samples += share * launch.world
-        norm = clip_grad_norm(model.parameters(), config.max_grad_norm) if config.max_grad_norm else None
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if launch.distributed:
+        if launch.distributed:  # before the step: every process must agree on a non-finite loss
             dist.all_reduce(loss)
             loss /= launch.world
-        losses.append(loss.item())
+        norm = clip_grad_norm(model.parameters(), config.max_grad_norm) if config.max_grad_norm else None
         done = step + 1
+        skipped = not math.isfinite(loss.item()) or (norm is not None and not math.isfinite(norm))
+        if skipped and config.nonfinite == "stop":
+            raise RunError(f"step {done}: the loss is {loss.item()} and the gradient norm {norm}. Stopped before the "
+                           "optimizer step, so the weights are untouched and the newest checkpoint is good; lower lr, "
+                           "or set nonfinite=skip to skip such batches")
+        if not skipped:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        record = {"step": done, "loss": losses[-1], "lr": lr, "grad_norm": norm,
+                  "tokens_per_s": share * launch.world * config.model.block_size / (time.perf_counter() - began)}
+        if skipped:
+            record["skipped"] = True
+        if config.eval_every and done % config.eval_every == 0:
+            record["val_loss"] = _val_loss(wrapped, val, config, launch)
         if launch.rank == 0:
-            seconds = time.perf_counter() - began
-            _log(out, done, {"step": done, "loss": losses[-1], "lr": lr, "grad_norm": norm,
-                             "tokens_per_s": share * launch.world * config.model.block_size / seconds})
+            _log(out, done, record)
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
         if config.stop_after and done == config.stop_after:
             return losses
         if done == config.steps or (config.save_every and done % config.save_every == 0):
             save(out / f"step-{done:06d}", wrapped, optimizer, done, samples, config, launch)
+            if config.keep and launch.rank == 0:
+                for old in checkpoints(out)[config.keep :]:
+                    shutil.rmtree(old)
     return losses
+
+
+VAL_ROWS = 64  # the validation loss's windows: the first 64 of the held-out stream, the same every time
+
+
+@torch.no_grad()
+def _val_loss(wrapped: torch.nn.Module, val: Windows, config: PretrainConfig, launch: Launch) -> float:
+    """The mean loss on the held-out stream's first :data:`VAL_ROWS` windows (fewer if it has fewer),
+    shared out evenly, ``micro_batch`` rows a forward: under FSDP2 every process must run as many
+    forwards as the others, since each gathers weights from all of them."""
+    per = max(1, min(VAL_ROWS, val.n) // launch.world)  # rows per process
+    total = torch.zeros((), dtype=torch.float64, device=launch.device)
+    for first in range(launch.rank * per, (launch.rank + 1) * per, config.micro_batch):
+        count = min(config.micro_batch, (launch.rank + 1) * per - first)
+        x, y = val.rows(first, count)
+        with _autocast(config, launch):
+            total += wrapped(x.to(launch.device), y.to(launch.device))[1].double() * count
+    if launch.distributed:
+        dist.all_reduce(total)
+    return total.item() / (per * launch.world)
 
 
 def launch(out: str | Path, overrides: list[str], processes: int = 1, config: str = "tiny",

@@ -2,6 +2,7 @@
 checkpoints that resume exactly, and checkpoints that are refused."""
 
 import contextlib
+import json
 import os
 import pickle
 import re
@@ -134,8 +135,12 @@ def test_configs_name_what_is_wrong(tmp_path):
         pretrain.load_config("tiny", ["parallel=zero9"])
     with pytest.raises(ValueError, match="not key=value"):
         pretrain.load_config("tiny", ["steps"])
-    with pytest.raises(ValueError, match="existing .npy"):
+    with pytest.raises(ValueError, match="nor an existing .npy"):
         pretrain.token_ids(str(tmp_path / "none.npy"))
+    with pytest.raises(ValueError, match="eval_every needs val_data"):
+        pretrain.load_config("tiny", ["eval_every=10"])
+    with pytest.raises(ValueError, match="nonfinite must be 'stop' or 'skip'"):
+        pretrain.load_config("tiny", ["nonfinite=ignore"])
 
 
 def test_the_stream_is_the_same_rows_whatever_the_world_size():
@@ -279,7 +284,7 @@ def cli(*arguments, processes: int = 1):
 @pytest.mark.parametrize("setting, message", [
     ("data=neg.npy", "token id -1 is outside the model's vocabulary of 64 (0 to 63)"),
     ("data=floats.npy", "holds float64 of shape (30,), not a 1-D array of token ids"),
-    ("data=missing.npy", "give 'builtin' or an existing .npy file"),
+    ("data=missing.npy", "data: 'missing.npy' is neither 'builtin' nor an existing .npy file"),
     ("model.block_size=40", "30 tokens do not fill one window of model.block_size + 1 = 41"),
     ("device=tpu", "unknown device 'tpu'"),
     ("out=a-file", "out='a-file' is a file"),
@@ -340,6 +345,8 @@ FUZZ_VALUES = {
     "model.norm": ["rmsnorm", "batchnorm"], "model.mlp": ["swiglu", "relu"], "model.positions": ["rope", "alibi"],
     "model.attention": ["naive", "flash", "sdpa", "fast"], "model.tie_weights": [False, "false"],
     "model.seed": [0, -1], "data": ["builtin", "nope.npy", "ids.npy"], "out": ["", "a-file"], "stpes": [1],
+    "keep": [0, 1, -1], "eval_every": [0, 1, 2, -1], "val_data": ["", "builtin", "ids.npy", "nope.npy"],
+    "nonfinite": ["stop", "skip", "ignore"],
 }
 
 
@@ -365,3 +372,56 @@ def test_any_settings_give_a_clean_run_or_one_line_of_error(tmp_path_factory, ch
             "python -m posttrainllm.pretrain: error: "), stderr.getvalue()
     else:
         assert len(pretrain._log_lines(folder / "run" / "log.jsonl")) >= 1
+
+
+def in_process(tokens, out, *settings) -> list[dict]:
+    """Train in this process (so a test can reach into it); return the run's log records."""
+    pretrain.run(pretrain.load_config("tiny", [*MODEL, *RUN, f"data={tokens}", f"out={out}", "progress=false",
+                                               *settings]))
+    return [json.loads(line) for line in pretrain._log_lines(out / "log.jsonl")]
+
+
+@pytest.fixture
+def nan_at_step_3(monkeypatch):
+    """The model's loss is NaN on the third forward: step 3 of a run with one micro-batch a step."""
+    real, calls = pretrain.GPT.forward, []
+
+    def forward(self, idx, targets=None, cache=None):
+        logits, loss = real(self, idx, targets, cache)
+        calls.append(1)
+        return logits, loss * float("nan") if len(calls) == 3 else loss
+
+    monkeypatch.setattr(pretrain.GPT, "forward", forward)
+
+
+def test_a_non_finite_loss_stops_the_run_before_its_optimizer_step(tokens, tmp_path, nan_at_step_3):
+    with pytest.raises(pretrain.RunError, match="step 3: the loss is nan .* Stopped before the optimizer step"):
+        in_process(tokens, tmp_path, "steps=5", "save_every=2")
+    assert len(pretrain._log_lines(tmp_path / "log.jsonl")) == 2
+    assert [p.name for p in pretrain.checkpoints(tmp_path)] == ["step-000002"]
+    assert pretrain.read_state(tmp_path / "step-000002")["step"] == 2  # the last checkpoint is whole
+
+
+def test_a_non_finite_loss_can_skip_its_batch(tokens, tmp_path, nan_at_step_3):
+    records = in_process(tokens, tmp_path, "steps=5", "save_every=0", "nonfinite=skip")
+    assert [r.get("skipped", False) for r in records] == [False, False, True, False, False]
+    assert all(np.isfinite(r["loss"]) for r in records if not r.get("skipped"))
+
+
+def test_a_validation_loss_every_n_steps_and_the_last_k_checkpoints(tokens, tmp_path):
+    records = in_process(tokens, tmp_path, "steps=6", "save_every=1", "keep=2", "eval_every=3", f"val_data={tokens}")
+    assert [("val_loss" in r) for r in records] == [False, False, True, False, False, True]
+    assert records[5]["val_loss"] < records[2]["val_loss"] < np.log(64)  # below a uniform guess, and falling
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000005", "step-000006"]
+
+
+@pytest.mark.slow
+def test_the_validation_loss_is_the_same_on_two_fsdp_processes(tokens, tmp_path):
+    settings = ["steps=6", "eval_every=3", f"val_data={tokens}", "save_every=0"]
+    logs = {}
+    for processes in (1, 2):
+        launch(tmp_path / str(processes), tokens, *settings, "parallel=fsdp", f"grad_accum={3 - processes}",
+               processes=processes)
+        records = map(json.loads, pretrain._log_lines(tmp_path / str(processes) / "log.jsonl"))
+        logs[processes] = [r["val_loss"] for r in records if "val_loss" in r]
+    np.testing.assert_allclose(logs[2], logs[1], rtol=1e-10)
