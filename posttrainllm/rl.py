@@ -91,6 +91,69 @@ def group_advantages(rewards: torch.Tensor, normalise: bool = True, eps: float =
     return centred / (rewards.std(-1, keepdim=True, unbiased=False) + eps) if normalise else centred
 
 
+def raw_rewards(rewards: torch.Tensor) -> torch.Tensor:
+    """REINFORCE's advantage (Williams, 1992): each answer's reward as it is, with no baseline."""
+    return rewards
+
+
+def centred(rewards: torch.Tensor) -> torch.Tensor:
+    """Each reward minus its group's mean: REINFORCE with the group mean as the baseline."""
+    return group_advantages(rewards, normalise=False)
+
+
+# The policy-gradient ladder module 10 climbs to GRPO: each rung adds one piece to the one before,
+# as settings of train_grpo. The first three take one update per batch without a KL penalty, so
+# the ratio is exactly 1 and the clipped objective's gradient is the plain policy gradient.
+LADDER: dict[str, dict] = {
+    "REINFORCE": {"advantage": raw_rewards, "updates_per_batch": 1, "kl_coef": 0.0},
+    "+ baseline: the group's mean": {"advantage": centred, "updates_per_batch": 1, "kl_coef": 0.0},
+    "+ normalised by the group's std": {"advantage": group_advantages, "updates_per_batch": 1, "kl_coef": 0.0},
+    "+ clipped ratio, 2 updates a batch": {"advantage": group_advantages, "updates_per_batch": 2, "kl_coef": 0.0},
+    "+ KL penalty (k3, 0.04): GRPO": {"advantage": group_advantages, "updates_per_batch": 2, "kl_coef": 0.04},
+}
+
+
+def policy_gradients(policy: GPT, tokenizer: Tokenizer, prompts: list[Example], reward: Reward,
+                     advantages: dict[str, Advantage], draws: int, prompts_per_step: int = 8, group_size: int = 8,
+                     temperature: float = 1.0, max_tokens: int = 12, seed: int = 0) -> dict[str, torch.Tensor]:
+    """``draws`` independent estimates of the policy gradient at ``policy`` (its trainable
+    parameters, flattened), for each advantage function in ``advantages``: shape ``(draws, n)``
+    each. Every draw samples one batch as a GRPO step does and uses it for all the advantage
+    functions, so they are compared on the same answers; nothing is updated."""
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    pad = tokenizer.special_tokens[END]
+    generator, rng = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
+    out: dict[str, list[torch.Tensor]] = {name: [] for name in advantages}
+    policy.eval()
+    for _ in range(draws):
+        batch = []
+        for index in rng.choice(len(prompts), prompts_per_step, replace=False):
+            example = prompts[index]
+            groups = sample_group(policy, tokenizer, example.prompt, group_size, max_tokens, temperature, generator)
+            batch.append((chat_ids(tokenizer, example.prompt), groups,
+                          [reward(example, completion_text(tokenizer, c)) for c in groups]))
+        rewards = torch.tensor([b[2] for b in batch])
+        for name, advantage in advantages.items():
+            adv = advantage(rewards)
+            losses = []
+            for (prompt, groups, _), a in zip(batch, adv, strict=True):
+                new, mask = token_logprobs(policy, prompt, groups, pad)
+                losses.append(-masked_mean(new * a[:, None], mask))  # the objective's gradient at ratio 1
+            grads = torch.autograd.grad(torch.stack(losses).mean(), trainable)
+            out[name].append(torch.cat([g.reshape(-1) for g in grads]))
+    return {name: torch.stack(found) for name, found in out.items()}
+
+
+def gradient_noise(estimates: torch.Tensor) -> float:
+    """How noisy gradient estimates of shape ``(draws, n)`` are against the signal they share:
+    the mean squared distance from their mean over the squared norm of their mean. Above 1, one
+    estimate is mostly noise; the baseline and the normalisation exist to bring it down."""
+    if estimates.ndim != 2 or len(estimates) < 2:
+        raise ValueError(f"need at least two estimates in rows of shape (draws, n), got {tuple(estimates.shape)}")
+    mean = estimates.mean(0)
+    return float(((estimates - mean) ** 2).sum(1).mean() / (mean**2).sum())
+
+
 @torch.no_grad()
 def sample_group(model: GPT, tokenizer: Tokenizer, prompt: str, size: int, max_tokens: int,
                  temperature: float, generator: torch.Generator) -> list[list[int]]:

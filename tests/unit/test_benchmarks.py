@@ -22,6 +22,7 @@ SCRIPTS = {  # script -> the result tables it writes
     "drift": ["drift"],
     "grpo_search": ["grpo_headroom", "grpo_search"],
     "matmul": ["matmul"],
+    "pg_ladder": ["pg_ladder_noise", "pg_ladder"],
     "roofline": ["roofline_cpu", "roofline_operations_cpu"],
     "tokenizer": ["tokenizer_training", "tokenizer_encoding"],
     "training_mechanics": ["checkpointing", "precision", "data_parallel", "fsdp_optimizer"],

@@ -155,3 +155,43 @@ def test_token_entropy_is_log_vocab_for_uniform_logits_and_zero_for_a_certain_on
     logits = torch.stack([torch.zeros(5), torch.tensor([0.0, 0.0, 1e4, 0.0, 0.0])])
     entropy = rl.token_entropy(logits)
     assert entropy[0].item() == pytest.approx(torch.log(torch.tensor(5.0)).item()) and entropy[1].item() == 0.0
+
+
+def test_each_rung_of_the_ladder_is_blind_to_what_its_advantage_removes(tok, policy):
+    """The same sampled answers, scored by r and by 3r + 5: REINFORCE's gradient changes with both
+    the scale and the shift; with the group's mean as baseline only the scale remains (x3); divided
+    by the group's std too, neither does."""
+    prompts = sft.examples("questions", 8)
+    noise = random.Random()
+
+    def reward(example, completion):  # random, so that every group has something to push on
+        return noise.random()
+
+    def shifted(example, completion):
+        return 3 * reward(example, completion) + 5
+
+    kinds = {"raw": rl.raw_rewards, "centred": rl.centred, "normalised": rl.group_advantages}
+    noise.seed(0)  # the same scores, in the same order, for the same sampled answers
+    plain = rl.policy_gradients(policy, tok, prompts, reward, kinds, draws=2, prompts_per_step=2, group_size=4,
+                                max_tokens=6)
+    noise.seed(0)
+    moved = rl.policy_gradients(policy, tok, prompts, shifted, kinds, draws=2, prompts_per_step=2, group_size=4,
+                                max_tokens=6)
+    assert plain["raw"].shape[0] == 2 and plain["raw"].abs().sum() > 0
+    torch.testing.assert_close(moved["centred"], 3 * plain["centred"])
+    torch.testing.assert_close(moved["normalised"], plain["normalised"], rtol=1e-4, atol=1e-6)  # eps in the std
+    assert not torch.allclose(moved["raw"], 3 * plain["raw"])
+
+
+def test_gradient_noise_is_the_spread_over_the_shared_signal():
+    assert rl.gradient_noise(torch.tensor([[1.0, 0.0], [3.0, 0.0]])) == pytest.approx(0.25)  # distances 1, mean 2
+    with pytest.raises(ValueError, match="at least two estimates"):
+        rl.gradient_noise(torch.ones(1, 3))
+
+
+@pytest.mark.parametrize("rung", list(rl.LADDER))
+def test_every_rung_of_the_ladder_trains(tok, policy, rung):
+    reference = copy.deepcopy(policy).eval()
+    history = rl.train_grpo(policy, reference, tok, sft.examples("questions", 8), rl.composite, steps=1,
+                            prompts_per_step=2, group_size=4, max_tokens=6, **rl.LADDER[rung])
+    assert len(history["reward"]) == 1
