@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     write_result(
         "pg_ladder_noise",
         f"How noisy one policy-gradient estimate is, by advantage ({draws} batches of 8 questions x 8 answers)",
-        ["advantage", "noise: mean |g - mean g|^2 / |mean g|^2", "|mean g|", "noise / REINFORCE's [95% CI]"],
+        ["advantage", "noise: mean ‖g − ḡ‖² / ‖ḡ‖²", "‖ḡ‖ (ḡ: the mean of the estimates)",
+         "noise / REINFORCE's [95% CI]"],
         [[name, f"{n:.1f}", f"{norm:.3g}", f"{ratio:.2f} [{low:.2f}, {high:.2f}]"]
          for name, (n, norm, ratio, low, high) in measured.items()],
         "The book's GRPO start and composite reward; each batch's answers serve all three advantages. The interval "
